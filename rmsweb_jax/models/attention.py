@@ -1,0 +1,97 @@
+"""Dot-product attention behind one function: XLA (CPU default), Pallas splash (TPU), cuDNN (GPU).
+
+Masking is expressed once, for every backend, by segment ids and positions:
+  key s is visible to query t  iff  seg_q[t] == seg_k[s] != 0  and (not causal or pos_k[s] <= pos_q[t]).
+Segment id 0 marks padding; packed sequences use ids 1, 2, ...; vision uses one id per image/frame,
+which gives the block-diagonal attention of the vision tower. A KV cache marks empty slots with 0.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_SPLASH_BLOCK = 128  # splash tiles the sequence in blocks of 128 (Mosaic's lane width)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_segment_ids: jax.Array, kv_segment_ids: jax.Array,
+              causal: bool, q_positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
+              impl: str = "auto", scale: float | None = None) -> jax.Array:
+    """Returns softmax(q k^T * scale + mask) v, shape [B, T, H, D].
+
+    q: [B, T, H, D]; k, v: [B, S, KVH, D] with H a multiple of KVH (grouped-query attention).
+    Segment ids: int [B, T] / [B, S]. Positions (for `causal`): int [B, T] / [B, S]; default arange.
+    """
+    b, t, h, d = q.shape
+    s, kvh = k.shape[1], k.shape[2]
+    if h % kvh:
+        raise ValueError(f"attention: {h} query heads is not a multiple of {kvh} key/value heads")
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} do not match [B,T,H,D]/[B,S,KVH,D]")
+    scale = d ** -0.5 if scale is None else scale
+    if causal:
+        q_positions = jnp.broadcast_to(jnp.arange(t), (b, t)) if q_positions is None else q_positions
+        kv_positions = jnp.broadcast_to(jnp.arange(s), (b, s)) if kv_positions is None else kv_positions
+    impl = _resolve(impl)
+    if impl == "splash" and t % _SPLASH_BLOCK == 0 and s % _SPLASH_BLOCK == 0 and t == s:
+        return _splash(q, k, v, q_segment_ids, kv_segment_ids, causal, scale)
+    if impl == "cudnn" and t > 1:
+        mask = _mask(q_segment_ids, kv_segment_ids, causal, q_positions, kv_positions)
+        try:
+            return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="cudnn")
+        except Exception:  # cuDNN rejects some shapes/dtypes (e.g. fp32, head_dim > 128): fall back to XLA
+            pass
+    return _xla(q, k, v, q_segment_ids, kv_segment_ids, causal, q_positions, kv_positions, scale)
+
+
+def _resolve(impl: str) -> str:
+    if impl != "auto":
+        return impl
+    platform = jax.devices()[0].platform
+    return {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "xla")
+
+
+def _mask(q_seg, kv_seg, causal, q_pos, kv_pos) -> jax.Array:
+    mask = (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] != 0)
+    if causal:
+        mask &= kv_pos[:, None, :] <= q_pos[:, :, None]
+    return mask  # [B, T, S]
+
+
+def _xla(q, k, v, q_seg, kv_seg, causal, q_pos, kv_pos, scale):
+    b, t, h, d = q.shape
+    kvh = k.shape[2]
+    g = h // kvh
+    qg = q.reshape(b, t, kvh, g, d)
+    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    mask = _mask(q_seg, kv_seg, causal, q_pos, kv_pos)[:, None, None]
+    # A finite floor (not -inf) keeps fully masked rows (padding queries) NaN-free in both passes.
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, d)
+
+
+def _splash(q, k, v, q_seg, kv_seg, causal, scale):
+    # TPU only. Block sizes stay at 128 multiples to respect Mosaic's (8, 128) tiling.
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    b, t, h, d = q.shape
+    kvh = k.shape[2]
+    base = sm.CausalMask((t, t)) if causal else sm.FullMask((t, t))
+    mask = sm.MultiHeadMask([base] * h)
+    kernel = sk.make_splash_mha_single_device(mask=mask)
+    # Repeat KV heads for MHA form; splash's GQA entry point varies across JAX versions.
+    rep = h // kvh
+    kk = jnp.repeat(k, rep, axis=2) if rep > 1 else k
+    vv = jnp.repeat(v, rep, axis=2) if rep > 1 else v
+
+    def one(qb, kb, vb, qs, ks):
+        seg = sk.SegmentIds(q=qs, kv=ks)
+        return kernel(qb * scale, kb, vb, segment_ids=seg)
+
+    out = jax.vmap(one)(q.transpose(0, 2, 1, 3), kk.transpose(0, 2, 1, 3), vv.transpose(0, 2, 1, 3),
+                        q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32))
+    # Splash treats equal segment ids as visible, padding included; padded query rows are never read.
+    return out.transpose(0, 2, 1, 3)
+

@@ -1,0 +1,37 @@
+"""rmsweb_jax: RMSWeb (reflection retries, failure-mode mining, Salvage-DS) on a Flax port of Qwen3-VL."""
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "jax",
+    "flax",
+    "optax",
+    "orbax-checkpoint",
+    "grain",
+    "transformers",
+    "playwright",
+    "ml-collections",
+    "tensorstore",
+    "absl-py",
+    "safetensors",
+    "numpy",
+    "pillow",
+    "tqdm",
+]
+
+EXTRAS = {
+    # torch is only the test-time reference (transformers' Qwen3-VL); 2.13.0 is the CPU build on disk.
+    "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0"],
+    "gpu": ["jax[cuda12]"],
+    "tpu": ["jax[tpu]"],
+}
+
+setup(
+    name="rmsweb_jax",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.11",
+    packages=find_packages(include=["rmsweb_jax", "rmsweb_jax.*", "kernels", "kernels.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["rmsweb=rmsweb_jax.main:run"]},
+)

@@ -1,0 +1,159 @@
+"""Batched sampling from Qwen3-VL: one prefill, then a `lax.while_loop` decode over a static KV cache.
+
+Prompts are left-padded to a length bucket and the cache holds bucket + max_new_tokens slots, so a
+(batch, prompt bucket, max_new_tokens, patch bucket) combination compiles once. Vision runs only in
+the prefill. Every sampled token comes with its log-probability under the temperature-scaled model
+distribution (before top-k / top-p truncation), which is what the RL losses need.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rmsweb_jax.models.qwen3_vl.model import ModelInputs, Qwen3VL, prepare_inputs
+from rmsweb_jax.models.qwen3_vl.text import KVCache
+from rmsweb_jax.models.qwen3_vl.layers import DTYPES
+
+DEFAULT_LENGTH_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Decoding settings. temperature 0 means greedy; top_k 0 and top_p 1 disable truncation."""
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+class SampleOutput(NamedTuple):
+    tokens: np.ndarray     # [B, N] int32; after a stop token, pad_id
+    logprobs: np.ndarray   # [B, N] f32; 0 after the stop
+    lengths: np.ndarray    # [B] int32: generated tokens, the stop token included
+    finished: np.ndarray   # [B] bool: a stop token was produced
+
+
+class Sampler:
+    """Generates continuations for batches of (optionally multimodal) prompts with one model."""
+
+    def __init__(self, model: Qwen3VL, *, pad_id: int = 0, length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+                 patch_bucket: int = 1024):
+        self.model, self.pad_id = model, pad_id
+        self.length_buckets = tuple(sorted(length_buckets))
+        self.patch_bucket = patch_bucket
+        self._graphdef, self._state = nnx.split(model)
+
+    def refresh(self) -> None:
+        """Re-reads the model's parameters (call after a training update)."""
+        self._graphdef, self._state = nnx.split(self.model)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams(), *,
+                 pixel_values: np.ndarray | None = None, image_grid_thw: np.ndarray | None = None,
+                 seed: int = 0) -> SampleOutput:
+        """Returns sampled continuations of `prompts` (lists of token ids; images in prompt order)."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("generate needs at least one prompt and no empty prompt")
+        length = self._bucket(max(len(p) for p in prompts))
+        ids = np.full((len(prompts), length), self.pad_id, np.int32)
+        mask = np.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, length - len(p):] = p
+            mask[i, length - len(p):] = 1
+        pad_to = None
+        if pixel_values is not None:
+            merge = self.model.config.vision.spatial_merge_size ** 2
+            n = int(np.asarray(pixel_values).shape[0])
+            pad_to = max(self.patch_bucket, -(-n // self.patch_bucket) * self.patch_bucket)
+            pad_to = -(-pad_to // merge) * merge
+        inputs = prepare_inputs(self.model.config, ids, attention_mask=mask, pixel_values=pixel_values,
+                                image_grid_thw=image_grid_thw, pad_patches_to=pad_to)
+        stop = np.asarray(params.stop_token_ids or (-1,), np.int32)
+        knobs = (np.float32(params.temperature), np.float32(params.top_p), np.int32(params.top_k))
+        tokens, logprobs, lengths, finished = _generate(
+            self._graphdef, self._state, inputs, params.max_new_tokens, self.pad_id, stop, knobs,
+            jax.random.key(seed))
+        return SampleOutput(*(np.asarray(x) for x in (tokens, logprobs, lengths, finished)))
+
+    def _bucket(self, n: int) -> int:
+        for b in self.length_buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"prompt of {n} tokens exceeds the largest length bucket {self.length_buckets[-1]}")
+
+
+def sample_token(logits: jax.Array, rng: jax.Array, temperature, top_p, top_k) -> tuple[jax.Array, jax.Array]:
+    """Returns (token [B], logprob [B]) from fp32 logits [B, V]: greedy when temperature == 0."""
+    greedy = temperature <= 0
+    scaled = logits / jnp.where(greedy, 1.0, temperature)
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    vocab = logits.shape[-1]
+    # top-k: drop everything below the k-th largest logit (k = 0 keeps all).
+    kth = jnp.sort(scaled, axis=-1)[:, ::-1][:, jnp.clip(top_k - 1, 0, vocab - 1)]
+    filtered = jnp.where((top_k > 0) & (scaled < kth[:, None]), -jnp.inf, scaled)
+    # top-p: keep the smallest prefix of the sorted distribution whose mass reaches p (at least one token).
+    order = jnp.argsort(-filtered, axis=-1)
+    sorted_logits = jnp.take_along_axis(filtered, order, axis=-1)
+    cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+    drop_sorted = (cum - jax.nn.softmax(sorted_logits, axis=-1)) >= top_p
+    drop = jnp.zeros_like(drop_sorted).at[jnp.arange(order.shape[0])[:, None], order].set(drop_sorted)
+    filtered = jnp.where(drop, -jnp.inf, filtered)
+    sampled = jax.random.categorical(rng, filtered, axis=-1)
+    token = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _generate(graphdef, state, inputs: ModelInputs, max_new: int, pad_id: int, stop_ids, knobs, rng):
+    model = nnx.merge(graphdef, state)
+    temperature, top_p, top_k = knobs
+    b, prompt_len = inputs.input_ids.shape
+    cache = KVCache.zeros(model.config.text, b, prompt_len + max_new, DTYPES[model.runtime.compute_dtype])
+    hidden, cache = model.hidden_states(inputs, cache)
+    rng, sub = jax.random.split(rng)
+    first, first_lp = sample_token(model.logits(hidden[:, -1:])[:, 0], sub, temperature, top_p, top_k)
+    # Next MRoPE position for every axis: one past the prompt's largest position (HF: cumsum + rope delta).
+    next_pos = jnp.max(inputs.position_ids, axis=(0, 2)) + 1
+    tokens = jnp.full((b, max_new), pad_id, jnp.int32).at[:, 0].set(first)
+    logprobs = jnp.zeros((b, max_new), jnp.float32).at[:, 0].set(first_lp)
+    done = jnp.isin(first, stop_ids)
+    lengths = jnp.ones((b,), jnp.int32)
+
+    def cond(carry):
+        step, _, _, done, _, _, _, _ = carry
+        return (step < max_new) & ~jnp.all(done)
+
+    def body(carry):
+        step, tokens, logprobs, done, lengths, cache, last, rng = carry
+        pos = jnp.broadcast_to((next_pos + step - 1)[None, :, None], (3, b, 1)).astype(jnp.int32)
+        step_inputs = ModelInputs(last[:, None], jnp.ones((b, 1), jnp.int32), pos, None, inputs.rope_deltas)
+        hidden, cache = model.hidden_states(step_inputs, cache)
+        rng, sub = jax.random.split(rng)
+        tok, lp = sample_token(model.logits(hidden)[:, 0], sub, temperature, top_p, top_k)
+        tok = jnp.where(done, pad_id, tok)
+        lp = jnp.where(done, 0.0, lp)
+        tokens = jax.lax.dynamic_update_index_in_dim(tokens, tok, step, axis=1)
+        logprobs = jax.lax.dynamic_update_index_in_dim(logprobs, lp, step, axis=1)
+        lengths = lengths + (~done).astype(jnp.int32)
+        done = done | jnp.isin(tok, stop_ids)
+        return step + 1, tokens, logprobs, done, lengths, cache, tok, rng
+
+    carry = (jnp.int32(1), tokens, logprobs, done, lengths, cache, first, rng)
+    _, tokens, logprobs, done, lengths, _, _, _ = jax.lax.while_loop(cond, body, carry)
+    return tokens, logprobs, lengths, done

@@ -1,0 +1,1 @@
+"""Tests of rmsweb_jax.processing against transformers' Qwen3-VL processing classes."""

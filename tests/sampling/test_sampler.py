@@ -1,0 +1,95 @@
+"""The KV-cache sampler: greedy tokens equal transformers' `generate`; sampling knobs behave."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from rmsweb_jax.models.qwen3_vl import params
+from rmsweb_jax.sampling.sampler import Sampler, SamplingParams, sample_token
+from tests.models import hf_reference as ref
+
+NEW = 32
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qwen3vl_sampler")
+    torch_model = ref.write_checkpoint(d, seed=31)
+    torch_model.generation_config.eos_token_id = None
+    torch_model.generation_config.pad_token_id = 0
+    return torch_model, params.from_hf(d)
+
+
+def _hf_generate(torch_model, rows, pixels=None, grids=None):
+    ids, mask = ref.left_pad(rows)
+    kw = {}
+    if pixels is not None:
+        kw = dict(pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.tensor(grids),
+                  mm_token_type_ids=torch.from_numpy((ids == ref.IMAGE_TOKEN).astype(np.int64)))
+    with torch.no_grad():
+        out = torch_model.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                                   max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, **kw)
+    return out[:, ids.shape[1]:].numpy()
+
+
+def test_greedy_matches_hf_generate_text_prompts_of_different_lengths(models):
+    torch_model, model = models
+    rng = np.random.default_rng(1)
+    rows = [[int(t) for t in rng.integers(10, ref.VOCAB, n)] for n in (3, 17, 9, 30)]
+    expected = _hf_generate(torch_model, rows)
+    got = Sampler(model).generate(rows, SamplingParams(max_new_tokens=NEW))
+    np.testing.assert_array_equal(got.tokens, expected)
+    assert (got.lengths == NEW).all() and not got.finished.any()
+    assert (got.logprobs <= 0).all() and (got.logprobs > -50).all()
+
+
+def test_greedy_matches_hf_generate_with_images(models):
+    torch_model, model = models
+    rng = np.random.default_rng(2)
+    grids = [[1, 4, 6], [1, 8, 4]]
+    rows, pixels = ref.image_prompt(rng, grids, texts_before=(2, 9), texts_after=(5, 1))
+    expected = _hf_generate(torch_model, rows, pixels, grids)
+    got = Sampler(model, patch_bucket=64).generate(rows, SamplingParams(max_new_tokens=NEW), pixel_values=pixels,
+                                                   image_grid_thw=np.array(grids))
+    np.testing.assert_array_equal(got.tokens, expected)
+
+
+def test_logprobs_equal_the_full_forward_and_stop_tokens_end_rows(models):
+    _, model = models
+    rng = np.random.default_rng(3)
+    rows = [[int(t) for t in rng.integers(10, ref.VOCAB, n)] for n in (6, 11)]
+    out = Sampler(model).generate(rows, SamplingParams(max_new_tokens=8))
+    for row, toks, lps in zip(rows, out.tokens, out.logprobs):
+        full = np.asarray(row + list(toks))[None]
+        logits = np.asarray(model(full).logits)[0]
+        logp = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)
+        want = [float(logp[len(row) - 1 + i, t]) for i, t in enumerate(toks)]
+        np.testing.assert_allclose(lps, want, atol=1e-4)
+    stop = int(out.tokens[0, 3])
+    stopped = Sampler(model).generate(rows, SamplingParams(max_new_tokens=8, stop_token_ids=(stop,)))
+    first_stop = int(np.argmax(out.tokens[0] == stop))
+    assert stopped.finished[0] and stopped.lengths[0] == first_stop + 1
+    assert (stopped.tokens[0, first_stop + 1:] == 0).all() and (stopped.logprobs[0, first_stop + 1:] == 0).all()
+
+
+def test_sampling_knobs():
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 2000))
+    keys = jax.random.split(jax.random.key(0), 1)[0]
+    tok, _ = sample_token(logits, keys, jnp.float32(1.0), jnp.float32(1.0), jnp.int32(2))
+    assert set(np.asarray(tok).tolist()) == {0, 1}
+    tok, _ = sample_token(logits, keys, jnp.float32(1.0), jnp.float32(0.7), jnp.int32(0))
+    assert set(np.asarray(tok).tolist()) == {0, 1}
+    tok, lp = sample_token(logits, keys, jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
+    freq = np.bincount(np.asarray(tok), minlength=4) / 2000
+    np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.04)
+    np.testing.assert_allclose(np.exp(np.asarray(lp)), np.array([0.5, 0.3, 0.15, 0.05])[np.asarray(tok)], rtol=1e-5)
+    tok, _ = sample_token(logits, keys, jnp.float32(0.0), jnp.float32(1.0), jnp.int32(0))
+    assert (np.asarray(tok) == 0).all()
+
+
+def test_bad_sampling_params_are_named():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=0)

@@ -88,7 +88,7 @@ class Sampler:
         knobs = (np.float32(params.temperature), np.float32(params.top_p), np.int32(params.top_k))
         tokens, logprobs, lengths, finished = _generate(
             self._graphdef, self._state, inputs, params.max_new_tokens, self.pad_id, stop, knobs,
-            jax.random.key(seed))
+            jax.random.key(seed), (params.temperature == 0, params.top_k > 0, params.top_p < 1))
         return SampleOutput(*(np.asarray(x) for x in (tokens, logprobs, lengths, finished)))
 
     def _bucket(self, n: int) -> int:
@@ -98,36 +98,46 @@ class Sampler:
         raise ValueError(f"prompt of {n} tokens exceeds the largest length bucket {self.length_buckets[-1]}")
 
 
-def sample_token(logits: jax.Array, rng: jax.Array, temperature, top_p, top_k) -> tuple[jax.Array, jax.Array]:
-    """Returns (token [B], logprob [B]) from fp32 logits [B, V]: greedy when temperature == 0."""
-    greedy = temperature <= 0
-    scaled = logits / jnp.where(greedy, 1.0, temperature)
+def sample_token(logits: jax.Array, rng: jax.Array, temperature, top_p, top_k, *,
+                 mode: tuple[bool, bool, bool] | None = None) -> tuple[jax.Array, jax.Array]:
+    """Returns (token [B], logprob [B]) from fp32 logits [B, V]: greedy when temperature == 0.
+
+    `mode` = (greedy, use_top_k, use_top_p) as static flags skips the vocabulary sorts that unused
+    filters would cost on every decode step; None decides from the (traced) values instead.
+    """
+    greedy, use_k, use_p = mode if mode is not None else (None, True, True)
+    if greedy is True:
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+    is_greedy = temperature <= 0
+    scaled = logits / jnp.where(is_greedy, 1.0, temperature)
     logp = jax.nn.log_softmax(scaled, axis=-1)
     vocab = logits.shape[-1]
-    # top-k: drop everything below the k-th largest logit (k = 0 keeps all).
-    kth = jnp.sort(scaled, axis=-1)[:, ::-1][:, jnp.clip(top_k - 1, 0, vocab - 1)]
-    filtered = jnp.where((top_k > 0) & (scaled < kth[:, None]), -jnp.inf, scaled)
-    # top-p: keep the smallest prefix of the sorted distribution whose mass reaches p (at least one token).
-    order = jnp.argsort(-filtered, axis=-1)
-    sorted_logits = jnp.take_along_axis(filtered, order, axis=-1)
-    cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
-    drop_sorted = (cum - jax.nn.softmax(sorted_logits, axis=-1)) >= top_p
-    drop = jnp.zeros_like(drop_sorted).at[jnp.arange(order.shape[0])[:, None], order].set(drop_sorted)
-    filtered = jnp.where(drop, -jnp.inf, filtered)
+    filtered = scaled
+    if use_k:  # drop everything below the k-th largest logit (k = 0 keeps all)
+        kth = jnp.sort(scaled, axis=-1)[:, ::-1][:, jnp.clip(top_k - 1, 0, vocab - 1)]
+        filtered = jnp.where((top_k > 0) & (scaled < kth[:, None]), -jnp.inf, filtered)
+    if use_p:  # keep the smallest prefix of the sorted distribution whose mass reaches p (>= 1 token)
+        order = jnp.argsort(-filtered, axis=-1)
+        probs = jax.nn.softmax(jnp.take_along_axis(filtered, order, axis=-1), axis=-1)
+        drop_sorted = (jnp.cumsum(probs, axis=-1) - probs) >= top_p
+        drop = jnp.zeros_like(drop_sorted).at[jnp.arange(order.shape[0])[:, None], order].set(drop_sorted)
+        filtered = jnp.where(drop, -jnp.inf, filtered)
     sampled = jax.random.categorical(rng, filtered, axis=-1)
-    token = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+    token = jnp.where(is_greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
     return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 4))
-def _generate(graphdef, state, inputs: ModelInputs, max_new: int, pad_id: int, stop_ids, knobs, rng):
+@functools.partial(jax.jit, static_argnums=(0, 3, 4, 8))
+def _generate(graphdef, state, inputs: ModelInputs, max_new: int, pad_id: int, stop_ids, knobs, rng, mode):
     model = nnx.merge(graphdef, state)
     temperature, top_p, top_k = knobs
     b, prompt_len = inputs.input_ids.shape
     cache = KVCache.zeros(model.config.text, b, prompt_len + max_new, DTYPES[model.runtime.compute_dtype])
     hidden, cache = model.hidden_states(inputs, cache)
     rng, sub = jax.random.split(rng)
-    first, first_lp = sample_token(model.logits(hidden[:, -1:])[:, 0], sub, temperature, top_p, top_k)
+    first, first_lp = sample_token(model.logits(hidden[:, -1:])[:, 0], sub, temperature, top_p, top_k, mode=mode)
     # Next MRoPE position for every axis: one past the prompt's largest position (HF: cumsum + rope delta).
     next_pos = jnp.max(inputs.position_ids, axis=(0, 2)) + 1
     tokens = jnp.full((b, max_new), pad_id, jnp.int32).at[:, 0].set(first)
@@ -145,7 +155,7 @@ def _generate(graphdef, state, inputs: ModelInputs, max_new: int, pad_id: int, s
         step_inputs = ModelInputs(last[:, None], jnp.ones((b, 1), jnp.int32), pos, None, inputs.rope_deltas)
         hidden, cache = model.hidden_states(step_inputs, cache)
         rng, sub = jax.random.split(rng)
-        tok, lp = sample_token(model.logits(hidden)[:, 0], sub, temperature, top_p, top_k)
+        tok, lp = sample_token(model.logits(hidden)[:, 0], sub, temperature, top_p, top_k, mode=mode)
         tok = jnp.where(done, pad_id, tok)
         lp = jnp.where(done, 0.0, lp)
         tokens = jax.lax.dynamic_update_index_in_dim(tokens, tok, step, axis=1)

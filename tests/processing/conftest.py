@@ -2,7 +2,7 @@
 import pytest
 from transformers import AutoTokenizer
 
-from tests.fixtures.tokenizer import build_tiny_tokenizer
+from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
 
 from .hf_reference import ImageOnlyQwen3VLProcessor, hf_image_processor
 

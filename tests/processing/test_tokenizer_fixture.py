@@ -5,7 +5,7 @@ import hypothesis
 import hypothesis.strategies as st
 from transformers import AutoTokenizer
 
-from tests.fixtures.tokenizer import NON_SPECIAL_ADDED_TOKENS, REGULAR_VOCAB_SIZE, SPECIAL_TOKENS, build_tiny_tokenizer
+from rmsweb_jax.processing.tiny_tokenizer import NON_SPECIAL_ADDED_TOKENS, REGULAR_VOCAB_SIZE, SPECIAL_TOKENS, build_tiny_tokenizer
 
 
 def test_ids_returned_are_the_loaded_tokenizers(tiny_tokenizer):

@@ -1,0 +1,47 @@
+# make test / make demo work on a fresh machine: each creates .venv if missing, installs the
+# package with the pinned versions in constraints.txt, installs Debian's chromium if missing, then runs.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+WORKDIR ?= workdir/demo
+PYTEST_ARGS ?=
+
+.PHONY: test test-fast demo install chromium bench bench-quick clean
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+
+# torch is the test-time reference only; install the CPU build (on local disk) first so that
+# nothing later can pull a CUDA build.
+$(STAMP): $(VPY) setup.py constraints.txt
+	$(VPY) -m pip install -q "torch==2.13.0"
+	$(VPY) -m pip install -q -c constraints.txt -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+chromium:
+	@if [ -x /usr/bin/chromium ] || [ -x /usr/lib/chromium/chromium ]; then :; else \
+	  echo "installing Debian's chromium (apt-get)"; \
+	  (apt-get update -qq || sudo apt-get update -qq) && \
+	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium || \
+	   sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium); fi
+
+test: install chromium
+	$(VPY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install chromium
+	$(VPY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: install chromium
+	$(VPY) -m rmsweb_jax.main --config=configs/demo.py --workdir=$(WORKDIR)
+
+bench-quick: install
+	cd bench && for s in *.py; do case $$s in common.py|gpu_*|env_*) continue;; esac; \
+	  echo "== $$s"; ../$(VPY) $$s --quick || exit 1; done
+
+clean:
+	rm -rf $(VENV) workdir .pytest_cache

@@ -1,0 +1,1 @@
+"""Tests of kernels/: each Pallas kernel (interpret mode) against its pure-JAX reference."""

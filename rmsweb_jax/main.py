@@ -33,7 +33,10 @@ def run_stages(config, workdir: str | pathlib.Path) -> None:
     unknown = [s for s in stages if s not in table]
     if unknown:
         raise ValueError(f"config.stages names unknown stage(s) {unknown}; known stages: {sorted(table)}")
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+    import jax
+    writer = jax.process_index() == 0  # on a pod slice every host runs this; one writes the records
+    if writer:
+        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     record = []
     for name in stages:
         logging.info("stage %s: starting (workdir %s)", name, workdir)
@@ -41,12 +44,15 @@ def run_stages(config, workdir: str | pathlib.Path) -> None:
         table[name](config, workdir)
         record.append({"stage": name, "seconds": round(time.time() - start, 2)})
         logging.info("stage %s: done in %.1f s", name, record[-1]["seconds"])
-        (workdir / "stages.json").write_text(json.dumps(record, indent=2))
+        if writer:
+            (workdir / "stages.json").write_text(json.dumps(record, indent=2))
 
 
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from rmsweb_jax.distributed import maybe_initialize_distributed
+    maybe_initialize_distributed()  # multi-host only when RMSWEB_DISTRIBUTED=1 (see BUILD.md)
     run_stages(_CONFIG.value, _WORKDIR.value)
 
 

@@ -25,6 +25,19 @@ def param(rngs: nnx.Rngs | None, shape, axes, *, init: str = "normal", std: floa
     return nnx.Param(value.astype(dtype), axes=tuple(axes))
 
 
+def dense(x: jax.Array, kernel: jax.Array, n_in: int = 1) -> jax.Array:
+    """Returns x contracted with the first `n_in` axes of `kernel` (x's last `n_in` axes), as one 2D GEMM.
+
+    Flattening to [rows, in] x [in, out] keeps XLA:CPU on its fast GEMM path; dot_generals with several
+    batch or contracting dims fall back to much slower loops there (measured 5-25x on the bench config).
+    """
+    lead, k_in, k_out = x.shape[:x.ndim - n_in], kernel.shape[:n_in], kernel.shape[n_in:]
+    if x.shape[x.ndim - n_in:] != k_in:
+        raise ValueError(f"dense: input {x.shape} does not end with kernel input dims {k_in}")
+    y = x.reshape(-1, int(np.prod(k_in))) @ kernel.reshape(int(np.prod(k_in)), -1)
+    return y.reshape(lead + k_out)
+
+
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     """Returns RMSNorm(x) * scale computed in fp32, cast back to x's dtype (as transformers does)."""
     xf = x.astype(jnp.float32)

@@ -16,7 +16,7 @@ from jax.ad_checkpoint import checkpoint_name
 from rmsweb_jax.models import sharding
 from rmsweb_jax.models.attention import attention
 from rmsweb_jax.models.qwen3_vl.config import RuntimeOptions, TextConfig
-from rmsweb_jax.models.qwen3_vl.layers import DTYPES, param, remat, rms_norm, values
+from rmsweb_jax.models.qwen3_vl.layers import DTYPES, dense, param, remat, rms_norm, values
 from rmsweb_jax.models.qwen3_vl.rope import apply_rope
 
 LAYER_PARAMS = ("input_norm", "q_kernel", "k_kernel", "v_kernel", "o_kernel", "q_norm", "k_norm",
@@ -75,8 +75,7 @@ class TextDecoder(nnx.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Returns fp32 logits [B, T, V] from final hidden states."""
         dt = hidden.dtype
-        out = jnp.einsum("btd,dv->btv", hidden, self.lm_head_matrix().astype(dt),
-                         preferred_element_type=jnp.float32)
+        out = dense(hidden, self.lm_head_matrix().astype(dt)).astype(jnp.float32)
         return sharding.constrain(out, ("batch", "seq", "vocab"), self.mesh, self.rules)
 
     def __call__(self, x: jax.Array, *, segment_ids: jax.Array, cos: jax.Array, sin: jax.Array,
@@ -104,9 +103,9 @@ class TextDecoder(nnx.Module):
             h, ck, cv = carry
             p, i = xs
             y = rms_norm(h, p["input_norm"], cfg.rms_norm_eps)
-            q = jnp.einsum("btd,dho->btho", y, p["q_kernel"].astype(dt))
-            k = jnp.einsum("btd,dho->btho", y, p["k_kernel"].astype(dt))
-            v = jnp.einsum("btd,dho->btho", y, p["v_kernel"].astype(dt))
+            q = dense(y, p["q_kernel"].astype(dt))
+            k = dense(y, p["k_kernel"].astype(dt))
+            v = dense(y, p["v_kernel"].astype(dt))
             q = apply_rope(rms_norm(q, p["q_norm"], cfg.rms_norm_eps), cos, sin)
             k = apply_rope(rms_norm(k, p["k_norm"], cfg.rms_norm_eps), cos, sin)
             q = sharding.constrain(q, ("batch", "seq", "q_heads", "head_dim"), self.mesh, self.rules)
@@ -118,11 +117,11 @@ class TextDecoder(nnx.Module):
             o = attention(q, k, v, q_segment_ids=segment_ids, kv_segment_ids=kv_seg, causal=True,
                           q_positions=q_pos, kv_positions=kv_pos, impl=self.runtime.attention_impl)
             o = checkpoint_name(o, "attention_out")
-            h = h + jnp.einsum("btho,hod->btd", o, p["o_kernel"].astype(dt))
+            h = h + dense(o, p["o_kernel"].astype(dt), n_in=2)
             y = rms_norm(h, p["post_attention_norm"], cfg.rms_norm_eps)
-            gate = jnp.einsum("btd,di->bti", y, p["gate_kernel"].astype(dt))
-            up = jnp.einsum("btd,di->bti", y, p["up_kernel"].astype(dt))
-            h = h + jnp.einsum("bti,id->btd", jax.nn.silu(gate) * up, p["down_kernel"].astype(dt))
+            gate = dense(y, p["gate_kernel"].astype(dt))
+            up = dense(y, p["up_kernel"].astype(dt))
+            h = h + dense(jax.nn.silu(gate) * up, p["down_kernel"].astype(dt))
             if n_ds:
                 feats = jax.lax.dynamic_index_in_dim(deepstack, jnp.minimum(i, n_ds - 1), axis=0, keepdims=False)
                 add = jnp.take(feats, visual_index, axis=0).astype(h.dtype)

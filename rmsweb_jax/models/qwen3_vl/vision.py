@@ -15,7 +15,7 @@ from rmsweb_jax.models import sharding
 from rmsweb_jax.models.attention import attention
 from rmsweb_jax.models.qwen3_vl import rope
 from rmsweb_jax.models.qwen3_vl.config import RuntimeOptions, VisionConfig
-from rmsweb_jax.models.qwen3_vl.layers import DTYPES, layer_norm, param, remat, rotate_half, values
+from rmsweb_jax.models.qwen3_vl.layers import DTYPES, dense, layer_norm, param, remat, rotate_half, values
 
 BLOCK_PARAMS = ("norm1_scale", "norm1_bias", "qkv_kernel", "qkv_bias", "proj_kernel", "proj_bias",
                 "norm2_scale", "norm2_bias", "fc1_kernel", "fc1_bias", "fc2_kernel", "fc2_bias")
@@ -108,14 +108,14 @@ class VisionTower(nnx.Module):
             h, taps = carry
             p, slot = xs
             y = layer_norm(h, p["norm1_scale"], p["norm1_bias"])
-            qkv = jnp.einsum("nd,dcho->ncho", y, p["qkv_kernel"].astype(dt)) + p["qkv_bias"].astype(dt)
+            qkv = dense(y, p["qkv_kernel"].astype(dt)) + p["qkv_bias"].astype(dt)
             q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
             # Rotation in fp32 as transformers does, then back to the compute dtype.
             q = (q.astype(jnp.float32) * cos[:, None] + _rot(q) * sin[:, None]).astype(dt)
             k = (k.astype(jnp.float32) * cos[:, None] + _rot(k) * sin[:, None]).astype(dt)
             o = attention(q[None], k[None], v[None], q_segment_ids=seg, kv_segment_ids=seg, causal=False,
                           impl=self.runtime.attention_impl)[0]
-            h = h + jnp.einsum("nho,hod->nd", o, p["proj_kernel"].astype(dt)) + p["proj_bias"].astype(dt)
+            h = h + dense(o, p["proj_kernel"].astype(dt), n_in=2) + p["proj_bias"].astype(dt)
             y = layer_norm(h, p["norm2_scale"], p["norm2_bias"])
             y = jax.nn.gelu(y @ p["fc1_kernel"].astype(dt) + p["fc1_bias"].astype(dt), approximate=True)
             h = h + y @ p["fc2_kernel"].astype(dt) + p["fc2_bias"].astype(dt)

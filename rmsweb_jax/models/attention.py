@@ -34,8 +34,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_segment_ids: jax.Ar
         q_positions = jnp.broadcast_to(jnp.arange(t), (b, t)) if q_positions is None else q_positions
         kv_positions = jnp.broadcast_to(jnp.arange(s), (b, s)) if kv_positions is None else kv_positions
     impl = _resolve(impl)
-    if impl == "splash" and t % _SPLASH_BLOCK == 0 and s % _SPLASH_BLOCK == 0 and t == s:
-        return _splash(q, k, v, q_segment_ids, kv_segment_ids, causal, scale)
+    if impl in ("splash", "splash_interpret") and t % _SPLASH_BLOCK == 0 and s % _SPLASH_BLOCK == 0 and t == s:
+        # "splash_interpret" runs the same Pallas kernel in interpret mode (tests on CPU).
+        return _splash(q, k, v, q_segment_ids, kv_segment_ids, causal, scale, interpret=impl == "splash_interpret")
     if impl == "cudnn" and t > 1:
         mask = _mask(q_segment_ids, kv_segment_ids, causal, q_positions, kv_positions)
         try:
@@ -97,7 +98,7 @@ def _xla(q, k, v, q_seg, kv_seg, causal, q_pos, kv_pos, scale):
     return out.reshape(b, kvh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
-def _splash(q, k, v, q_seg, kv_seg, causal, scale):
+def _splash(q, k, v, q_seg, kv_seg, causal, scale, interpret: bool = False):
     # TPU only. Block sizes stay at 128 multiples to respect Mosaic's (8, 128) tiling.
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
@@ -106,7 +107,7 @@ def _splash(q, k, v, q_seg, kv_seg, causal, scale):
     kvh = k.shape[2]
     base = sm.CausalMask((t, t)) if causal else sm.FullMask((t, t))
     mask = sm.MultiHeadMask([base] * h)
-    kernel = sk.make_splash_mha_single_device(mask=mask)
+    kernel = sk.make_splash_mha_single_device(mask=mask, interpret=interpret)
     # Repeat KV heads for MHA form; splash's GQA entry point varies across JAX versions.
     rep = h // kvh
     kk = jnp.repeat(k, rep, axis=2) if rep > 1 else k

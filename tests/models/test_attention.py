@@ -63,3 +63,21 @@ def test_shape_errors_are_named():
     with pytest.raises(ValueError, match="not a multiple"):
         attn.attention(jnp.zeros((1, 4, 3, 8)), jnp.zeros((1, 4, 2, 8)), jnp.zeros((1, 4, 2, 8)),
                        q_segment_ids=jnp.ones((1, 4)), kv_segment_ids=jnp.ones((1, 4)), causal=True)
+
+
+@pytest.mark.slow
+def test_splash_kernel_in_interpret_mode_matches_xla():
+    # The TPU path (Pallas splash attention) run through the Pallas interpreter on CPU.
+    rng = np.random.default_rng(7)
+    q = jnp.asarray(rng.standard_normal((1, 256, 2, 128)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((1, 256, 1, 128)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((1, 256, 1, 128)), jnp.float32)
+    seg = np.ones((1, 256), np.int32)
+    seg[0, :40] = 0
+    seg[0, 150:] = 2
+    seg = jnp.asarray(seg)
+    kw = dict(q_segment_ids=seg, kv_segment_ids=seg, causal=True)
+    got = attn.attention(q, k, v, impl="splash_interpret", **kw)
+    want = attn.attention(q, k, v, impl="xla", **kw)
+    real = np.asarray(seg) != 0
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-4)

@@ -243,7 +243,7 @@ def _require(ok: bool, key: str, expected: str, got: Any) -> None:
 
 def _known(cls, d: dict[str, Any], drop: tuple[str, ...] = ()) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(cls)} - set(drop)
-    out = {k: d[k] for k in names if k in d and d[k] is not None or (k in d and k.endswith("token_id"))}
+    out = {k: d[k] for k in names if k in d and (d[k] is not None or k.endswith("token_id"))}
     # HF uses a list for eos_token_id sometimes; keep the first (the chat stop token is handled by the sampler).
     if isinstance(out.get("eos_token_id"), list):
         out["eos_token_id"] = out["eos_token_id"][0] if out["eos_token_id"] else None

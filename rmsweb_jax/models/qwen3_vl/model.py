@@ -14,12 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl import rope
 from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig, RuntimeOptions
-from rmsweb_jax.models.qwen3_vl.layers import DTYPES, num_params
+from rmsweb_jax.models.qwen3_vl.layers import num_params
 from rmsweb_jax.models.qwen3_vl.text import KVCache, TextDecoder
 from rmsweb_jax.models.qwen3_vl.vision import VisionTower
 
@@ -186,12 +185,3 @@ def create(config: Qwen3VLConfig, runtime: RuntimeOptions = RuntimeOptions(), *,
         return nnx.split(Qwen3VL(config, runtime, rngs=rngs, mesh=mesh, rules=rules))[1]
 
     return nnx.merge(graphdef, init())
-
-
-def replicated(mesh) -> NamedSharding:
-    """Returns the fully replicated sharding on `mesh`."""
-    return NamedSharding(mesh, PartitionSpec())
-
-
-def compute_dtype(model: Qwen3VL):
-    return DTYPES[model.runtime.compute_dtype]

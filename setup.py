@@ -9,6 +9,7 @@ INSTALL_REQUIRES = [
     "grain",
     "transformers",
     "playwright",
+    "miniwob",  # MiniWoB++ task pages (html/); its selenium/gymnasium deps are unused here
     "ml-collections",
     "tensorstore",
     "absl-py",
@@ -16,6 +17,7 @@ INSTALL_REQUIRES = [
     "numpy",
     "pillow",
     "tqdm",
+    "jinja2",  # chat templates (apply_chat_template); CPU installs only got it through torch
 ]
 
 EXTRAS = {

@@ -1,0 +1,112 @@
+"""Element lists from Chromium's accessibility tree plus a DOM snapshot's layout boxes (pure)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+from rmsweb_jax.web.elements import BBox, Element
+from rmsweb_jax.web.normalize import normalize_text
+
+# Nodes that are never elements of their own: text fragments, line breaks, the document.
+_SKIP_ROLES = frozenset({"InlineTextBox", "LineBreak", "none", "presentation", "RootWebArea", "WebArea",
+                         "Iframe", "IframePresentational", "ignored"})
+
+
+def layout_boxes(snapshot: Mapping[str, Any]) -> dict[int, tuple[BBox, int]]:
+    """Returns backend node id -> (box in viewport CSS pixels, paint order) for the main
+    document of a `DOMSnapshot.captureSnapshot` result (taken with includePaintOrder)."""
+    if not snapshot.get("documents"):
+        return {}
+    doc = snapshot["documents"][0]
+    backend = doc["nodes"]["backendNodeId"]
+    layout = doc["layout"]
+    paint = layout.get("paintOrders") or [0] * len(layout["nodeIndex"])
+    sx, sy = doc.get("scrollOffsetX", 0.0), doc.get("scrollOffsetY", 0.0)
+    boxes: dict[int, tuple[BBox, int]] = {}
+    for node_index, (x, y, w, h), z in zip(layout["nodeIndex"], layout["bounds"], paint):
+        key = backend[node_index]
+        box = BBox(x - sx, y - sy, w, h)
+        if key in boxes:  # one node laid out in several boxes (wrapped inline): take the union
+            old, oz = boxes[key]
+            x0, y0 = min(old.x, box.x), min(old.y, box.y)
+            x1 = max(old.x + old.width, box.x + box.width)
+            y1 = max(old.y + old.height, box.y + box.height)
+            box, z = BBox(x0, y0, x1 - x0, y1 - y0), max(oz, z)
+        boxes[key] = (box, z)
+    return boxes
+
+
+def elements_from_cdp(ax_nodes: Sequence[Mapping[str, Any]], snapshot: Mapping[str, Any],
+                      viewport: tuple[int, int]) -> tuple[tuple[Element, ...], int | None]:
+    """Returns (visible elements in document order, id of the focused element or None) from an
+    `Accessibility.getFullAXTree` node list and a `DOMSnapshot.captureSnapshot` result.
+
+    An element is a non-ignored node with a box inside the viewport that is interactive or has
+    a name; text that only repeats the name of the element it sits in is left out.
+    """
+    boxes = layout_boxes(snapshot)
+    vw, vh = viewport
+    by_ax_id = {n["nodeId"]: n for n in ax_nodes}
+    candidates: dict[str, Element] = {}
+    focused_ax = None
+    for node in ax_nodes:
+        if node.get("ignored"):
+            continue
+        props = {p["name"]: p.get("value", {}).get("value") for p in node.get("properties") or ()}
+        role = _value(node.get("role"))
+        if props.get("focused") and role not in ("RootWebArea", "WebArea"):
+            focused_ax = node["nodeId"]
+        backend = node.get("backendDOMNodeId")
+        if backend is None or role in _SKIP_ROLES or backend not in boxes:
+            continue
+        box, z = boxes[backend]
+        if box.area <= 0 or box.x >= vw or box.y >= vh or box.x + box.width <= 0 or box.y + box.height <= 0:
+            continue
+        name = str(_value(node.get("name")) or "")
+        element = Element(id=int(backend), role=str(role), name=name, bbox=box,
+                          value=str(_value(node.get("value")) or ""), focusable=bool(props.get("focusable")), z=int(z))
+        if element.interactive or name.strip():
+            candidates[node["nodeId"]] = element
+
+    elements = []
+    for ax_id in _document_order(ax_nodes):
+        element = candidates.get(ax_id)
+        if element is None:
+            continue
+        owner, container = None, None
+        parent = by_ax_id.get(ax_id, {}).get("parentId")
+        while parent is not None and (owner is None or container is None):
+            if parent in candidates:
+                container = container or candidates[parent]
+                if owner is None and candidates[parent].interactive:
+                    owner = candidates[parent]
+            parent = by_ax_id.get(parent, {}).get("parentId")
+        if (element.role == "StaticText" and container is not None
+                and normalize_text(container.name) == normalize_text(element.name)):
+            continue
+        if owner is not None:
+            element = dataclasses.replace(element, owner=owner.id)
+        elements.append(element)
+    focused = candidates.get(focused_ax) if focused_ax is not None else None
+    return tuple(elements), (focused.id if focused is not None else None)
+
+
+def _document_order(ax_nodes: Sequence[Mapping[str, Any]]) -> list[str]:
+    # getFullAXTree lists nodes breadth-first-ish; a depth-first walk gives reading order.
+    if not ax_nodes:
+        return []
+    children = {n["nodeId"]: n.get("childIds") or () for n in ax_nodes}
+    order, seen, stack = [], set(), [ax_nodes[0]["nodeId"]]
+    while stack:
+        node = stack.pop()
+        if node in seen or node not in children:
+            continue
+        seen.add(node)
+        order.append(node)
+        stack.extend(reversed(children[node]))
+    order.extend(n["nodeId"] for n in ax_nodes if n["nodeId"] not in seen)
+    return order
+
+
+def _value(field: Any) -> Any:
+    return field.get("value") if isinstance(field, Mapping) else None

@@ -1,0 +1,101 @@
+"""Launching Debian's Chromium under Playwright, and finding and killing what we launched.
+
+Every browser carries a marker switch (`--rmsweb-marker=<id>`) on its command line so a pool
+can find its own processes in /proc and kill them even when Playwright cannot (a hung or
+orphaned browser, Ctrl-C during shutdown). Chromium ignores switches it does not know.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import shutil
+import signal
+import uuid
+
+CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
+CHROMIUM_FLAGS = (
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+)
+MARKER_FLAG = "--rmsweb-marker="
+
+
+class ChromiumNotFound(RuntimeError):
+    """No Chromium binary at the configured path or any of CHROMIUM_CANDIDATES."""
+
+
+def find_chromium(path: str | None = None) -> str:
+    """Returns the Chromium binary to launch: `path`, $RMSWEB_CHROMIUM, or the first of
+    CHROMIUM_CANDIDATES that exists (the real binary before Debian's shell wrapper, which starts
+    slower). Never a Playwright-downloaded browser."""
+    for candidate in (path, os.environ.get("RMSWEB_CHROMIUM"), *CHROMIUM_CANDIDATES, shutil.which("chromium")):
+        if candidate and os.access(candidate, os.X_OK) and pathlib.Path(candidate).is_file():
+            return candidate
+    raise ChromiumNotFound(
+        f"no Chromium binary found (tried {path!r}, $RMSWEB_CHROMIUM, {list(CHROMIUM_CANDIDATES)}); "
+        "install Debian's chromium package (apt-get install chromium)")
+
+
+def new_marker() -> str:
+    """Returns a fresh marker id for one pool or worker."""
+    return uuid.uuid4().hex[:16]
+
+
+async def launch_chromium(playwright, marker: str, *, executable: str | None = None, headless: bool = True,
+                          extra_args: tuple[str, ...] = (), timeout_s: float = 30.0):
+    """Returns a Playwright Browser running Debian's Chromium with our flags and `marker`."""
+    return await playwright.chromium.launch(
+        executable_path=find_chromium(executable), headless=headless,
+        args=[*CHROMIUM_FLAGS, *extra_args, MARKER_FLAG + marker], timeout=timeout_s * 1000,
+        # Playwright's own SIGINT/SIGTERM handlers would close browsers behind our back;
+        # the pool closes them itself (and kills leftovers by marker).
+        handle_sigint=False, handle_sigterm=False, handle_sighup=False,
+    )
+
+
+def marked_pids(marker: str, exact: bool = False) -> list[int]:
+    """Returns the pids of live browser processes whose command line carries `marker`; unless
+    `exact`, a prefix matches, so a pool's marker finds all of its workers' browsers."""
+    needle = (MARKER_FLAG + marker).encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != b"Z" and any(arg == needle if exact else arg.startswith(needle) for arg in args):
+            pids.append(int(entry))
+    return pids
+
+
+def kill_marked(marker: str, exact: bool = False) -> list[int]:
+    """Kills (SIGKILL) the process group of every browser carrying `marker`; returns their pids.
+
+    Playwright starts each browser as a process-group leader, so the group holds its zygote,
+    renderers and utility processes.
+    """
+    pids = marked_pids(marker, exact)
+    for pid in pids:
+        for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+            try:
+                kill()
+                break
+            except (ProcessLookupError, PermissionError):
+                continue
+    return pids
+
+
+async def close_browser(browser, marker: str, timeout_s: float = 5.0) -> None:
+    """Closes `browser` politely within `timeout_s`, then kills whatever carries `marker`."""
+    if browser is not None:
+        try:
+            await asyncio.wait_for(browser.close(), timeout_s)
+        except Exception:  # noqa: BLE001 — a dead or hung browser: the kill below handles it
+            pass
+    kill_marked(marker, exact=True)

@@ -1,0 +1,180 @@
+"""Per-context side effects: request blocking, dialogs, downloads, popups, crashes.
+
+The guard watches a browser context, enforces its RequestPolicy, and keeps a log of what
+happened since the last observation; the worker drains it into each Observation.
+
+Requests are checked with CDP's Fetch domain on each page's own session rather than with
+Playwright's routes: routes send every request through the driver and Python and switch the
+HTTP cache off, which doubles the cost of a MiniWoB page load; Fetch pauses only what the
+policy must see (documents only, unless sub-resources are checked too) and keeps the cache.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from rmsweb_jax.web.page_reader import cdp_send
+from rmsweb_jax.web.safety import RequestPolicy
+
+_LOCAL_RESOURCE = "Not allowed to load local resource:"
+_BLANK = ("about:blank", "")
+
+
+@dataclasses.dataclass
+class EventLog:
+    """Events since the last drain (mutable; owned by one worker)."""
+
+    dialogs: list[str] = dataclasses.field(default_factory=list)
+    blocked_urls: list[str] = dataclasses.field(default_factory=list)
+    refused_downloads: list[str] = dataclasses.field(default_factory=list)
+    popups: list[str] = dataclasses.field(default_factory=list)
+    blocked_navigations: int = 0
+
+    def drain(self) -> dict[str, tuple[str, ...]]:
+        """Returns the events as tuples keyed like Observation's fields, and clears the log."""
+        out = {k: tuple(getattr(self, k)) for k in ("dialogs", "blocked_urls", "refused_downloads", "popups")}
+        for v in (self.dialogs, self.blocked_urls, self.refused_downloads, self.popups):
+            v.clear()
+        self.blocked_navigations = 0
+        return out
+
+
+class ContextGuard:
+    """Enforces `policy` on a context's pages and follows them.
+
+    `active` is the page actions go to: a popup becomes active when it opens; when the active
+    page closes, the most recent open page takes over. `crashed` turns True when any page's
+    renderer crashes. `session(page)` is the page's CDP session (also used for observations).
+    """
+
+    def __init__(self, context, policy: RequestPolicy):
+        self.context = context
+        self.policy = policy
+        self.log = EventLog()
+        self.pages: list = []
+        self.active = None
+        self.crashed = False
+        self._sessions: dict = {}
+        self._attaching: dict = {}
+        self._tasks: set = set()
+        context.on("page", self._on_page)
+
+    async def open_page(self):
+        """Opens the context's first page, guarded, and returns it."""
+        page = await self.context.new_page()
+        await self.session(page)
+        return page
+
+    async def session(self, page):
+        """Returns `page`'s CDP session, attaching the guard to the page first if needed."""
+        if page not in self._sessions:
+            if page not in self._attaching:
+                self._attaching[page] = asyncio.ensure_future(self._attach(page))
+            await self._attaching[page]
+        return self._sessions[page]
+
+    async def reattach(self, page):
+        """Returns a fresh CDP session for `page` (after the old one lost its target)."""
+        self._sessions.pop(page, None)
+        return await self.session(page)
+
+    async def _attach(self, page) -> None:
+        if page not in self.pages:
+            self._watch(page)
+        session = await self.context.new_cdp_session(page)
+        session.on("Fetch.requestPaused", lambda event: self._spawn(self._on_paused(session, event)))
+        await cdp_send(session, "Fetch.enable", {"patterns": self._patterns()})
+        self._sessions[page] = session
+        self._attaching.pop(page, None)
+
+    async def set_policy(self, policy: RequestPolicy) -> None:
+        """Switches to another task's policy (between episodes)."""
+        widen = policy.check_subresources != self.policy.check_subresources
+        self.policy = policy
+        if widen:
+            for session in list(self._sessions.values()):
+                await cdp_send(session, "Fetch.enable", {"patterns": self._patterns()})
+
+    def _patterns(self) -> list[dict]:
+        pattern = {"urlPattern": "*", "requestStage": "Request"}
+        return [pattern if self.policy.check_subresources else {**pattern, "resourceType": "Document"}]
+
+    async def _on_paused(self, session, event) -> None:
+        url, kind = event["request"]["url"], event.get("resourceType", "Other")
+        reason = self.policy.blocked_reason(url, kind.lower())
+        try:
+            if reason is None:
+                await cdp_send(session, "Fetch.continueRequest", {"requestId": event["requestId"]})
+            elif kind == "Document":
+                # A 204 answer cancels a navigation and leaves the page where it was (failing it
+                # would commit Chromium's error page instead).
+                self.log.blocked_urls.append(url)
+                self.log.blocked_navigations += 1
+                await cdp_send(session, "Fetch.fulfillRequest",
+                               {"requestId": event["requestId"], "responseCode": 204, "body": ""})
+            else:
+                self.log.blocked_urls.append(url)
+                await cdp_send(session, "Fetch.failRequest", {"requestId": event["requestId"], "errorReason": "BlockedByClient"})
+        except Exception:  # noqa: BLE001 — the page went away while the request was paused
+            pass
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _watch(self, page) -> None:
+        self.pages.append(page)
+        self.active = page
+        page.on("dialog", self._on_dialog)
+        page.on("download", self._on_download)
+        page.on("crash", self._on_crash)
+        page.on("close", self._on_close)
+        page.on("console", self._on_console)
+
+    async def _on_dialog(self, dialog) -> None:
+        self.log.dialogs.append(f"{dialog.type}: {dialog.message}")
+        try:
+            await dialog.dismiss()
+        except Exception:  # noqa: BLE001 — already handled or page closed
+            pass
+
+    async def _on_download(self, download) -> None:
+        # The context refuses downloads (accept_downloads=False); cancel explicitly in case.
+        self.log.refused_downloads.append(download.url)
+        try:
+            await download.cancel()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _on_console(self, message) -> None:
+        # Chromium itself refuses file:// links from web pages; it only says so on the console.
+        if message.type == "error" and message.text.startswith(_LOCAL_RESOURCE):
+            self.log.blocked_urls.append(message.text[len(_LOCAL_RESOURCE):].strip())
+
+    def _on_crash(self, page) -> None:
+        self.crashed = True
+
+    def _on_page(self, page) -> None:
+        if page in self.pages or not self.pages:
+            return  # the first page, opened by open_page
+        self._watch(page)
+        self.log.popups.append(page.url)
+        self._spawn(self._check_popup(page))
+
+    async def _check_popup(self, page) -> None:
+        # A popup's first request can run before the guard is attached: check where it landed.
+        try:
+            await self.session(page)
+            if page.url not in _BLANK and self.policy.blocked_reason(page.url, "document") is not None:
+                self.log.blocked_urls.append(page.url)
+                await page.close()
+        except Exception:  # noqa: BLE001 — the popup closed itself
+            pass
+
+    def _on_close(self, page) -> None:
+        if page in self.pages:
+            self.pages.remove(page)
+        self._sessions.pop(page, None)
+        if page is self.active and self.pages:
+            self.active = self.pages[-1]

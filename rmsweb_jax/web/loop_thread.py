@@ -1,0 +1,62 @@
+"""An asyncio event loop in a background thread, for blocking callers of async workers."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Any, Awaitable
+
+_POLL_S = 0.2  # blocking waits wake this often, so Ctrl-C reaches the calling thread promptly
+
+
+class LoopThread:
+    """Runs an event loop in a daemon thread until close().
+
+        loop = LoopThread()
+        obs = loop.run(worker.reset(task), timeout_s=60)
+    """
+
+    def __init__(self, name: str = "rmsweb-loop"):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Awaitable[Any]) -> concurrent.futures.Future:
+        """Schedules `coro` on the loop and returns its future."""
+        if self.loop.is_closed():
+            raise RuntimeError("the loop thread is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Awaitable[Any], timeout_s: float = 300.0) -> Any:
+        """Returns the result of `coro` run on the loop; raises TimeoutError (and cancels it)
+        after `timeout_s`."""
+        return wait_future(self.submit(coro), timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stops the loop and joins the thread (idempotent)."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=timeout_s)
+        if not self.loop.is_running():
+            self.loop.close()
+
+    def __enter__(self) -> "LoopThread":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def wait_future(future: concurrent.futures.Future, timeout_s: float) -> Any:
+    """Returns `future`'s result, polling so that KeyboardInterrupt is delivered while waiting;
+    cancels it and raises TimeoutError after `timeout_s`."""
+    waited = 0.0
+    while True:
+        try:
+            return future.result(timeout=_POLL_S)
+        except concurrent.futures.TimeoutError:
+            waited += _POLL_S
+            if waited >= timeout_s:
+                future.cancel()
+                raise TimeoutError(f"operation did not finish within {timeout_s:g}s") from None

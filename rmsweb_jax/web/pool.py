@@ -1,0 +1,173 @@
+"""A pool of browser workers on one host that runs whole episodes for its callers (async).
+
+Each request becomes exactly one Episode: a browser crash or hang mid-episode restarts that
+worker's browser and runs the episode again from reset (up to `max_attempts`), so a
+half-finished episode is never handed on as complete.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Union
+
+from playwright.async_api import async_playwright
+
+from rmsweb_jax.web.actions import Action
+from rmsweb_jax.web.browser import kill_marked, new_marker
+from rmsweb_jax.web.episode import COMPLETE, FAILED, Episode, EpisodeRequest, History
+from rmsweb_jax.web.suite import Suite
+from rmsweb_jax.web.worker import BrowserWorker, WorkerConfig, WorkerFault
+
+Policy = Callable[[History], Union[Action, Awaitable[Action]]]
+
+
+class AsyncWorkerPool:
+    """N BrowserWorkers sharing one Playwright driver.
+
+        async with AsyncWorkerPool(suite, workers=4) as pool:
+            async for episode in pool.run(requests, policy):
+                ...
+
+    `policy(history) -> Action` may be a coroutine function (awaited on the loop) or a plain
+    function (run in a thread, so a slow model does not stall the other workers).
+    """
+
+    def __init__(self, suite: Suite, workers: int = 2, config: WorkerConfig | None = None, *, max_attempts: int = 3,
+                 start_timeout_s: float = 60.0):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers!r}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts!r}")
+        self.suite = suite
+        self.size = workers
+        self.config = config or WorkerConfig()
+        self.max_attempts = max_attempts
+        self.start_timeout_s = start_timeout_s
+        self.marker = new_marker()
+        self.workers: list[BrowserWorker] = []
+        self._playwright_cm = None
+        self._playwright = None
+
+    async def __aenter__(self) -> "AsyncWorkerPool":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Starts Playwright and every worker's browser (concurrently)."""
+        try:
+            self._playwright_cm = async_playwright()
+            self._playwright = await asyncio.wait_for(self._playwright_cm.start(), self.start_timeout_s)
+            self.workers = [BrowserWorker(self.suite, self.config, playwright=self._playwright,
+                                          marker=f"{self.marker}-{i}") for i in range(self.size)]
+            await asyncio.wait_for(asyncio.gather(*(w.start() for w in self.workers)), self.start_timeout_s)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Closes every browser the pool started (killing stragglers) and the driver."""
+        workers, self.workers = self.workers, []
+        await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
+        if self._playwright_cm is not None:
+            cm, self._playwright_cm, self._playwright = self._playwright_cm, None, None
+            try:
+                await asyncio.wait_for(cm.__aexit__(None, None, None), self.config.close_timeout_s)
+            except Exception:  # noqa: BLE001 — the driver is gone already
+                pass
+        kill_marked(self.marker)
+
+    def browser_pid(self, worker: int) -> int | None:
+        """Returns the pid of worker `worker`'s browser (None while it has none)."""
+        return self.workers[worker].browser_pid
+
+    async def run(self, requests: Iterable[EpisodeRequest], policy: Policy) -> AsyncIterator[Episode]:
+        """Yields one Episode per request, in order of completion.
+
+        An exception raised by the policy stops the run and propagates (after the other
+        workers' episodes are cancelled); browser faults never do.
+        """
+        if not self.workers:
+            raise RuntimeError("the pool is not started (use `async with` or start())")
+        queue: asyncio.Queue = asyncio.Queue()
+        for request in requests:
+            queue.put_nowait(request)
+        results: asyncio.Queue = asyncio.Queue()
+        total = queue.qsize()
+
+        async def serve(slot: int) -> None:
+            while True:
+                try:
+                    request = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                await results.put(await self.run_episode(slot, request, policy))
+
+        tasks = [asyncio.create_task(serve(i), name=f"worker-{i}") for i in range(len(self.workers))]
+        delivered = 0
+        try:
+            while delivered < total:
+                getter = asyncio.create_task(results.get())
+                running = [t for t in tasks if not t.done()]
+                done, _ = await asyncio.wait([getter, *running], return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task is not getter and task.exception() is not None:
+                        getter.cancel()
+                        raise task.exception()
+                if getter in done:
+                    delivered += 1
+                    yield getter.result()
+                else:
+                    getter.cancel()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def run_episode(self, slot: int, request: EpisodeRequest, policy: Policy) -> Episode:
+        """Returns the Episode for `request` run on worker `slot`, re-running it from reset after
+        a browser fault (at most max_attempts attempts)."""
+        worker = self.workers[slot]
+        faults: list[str] = []
+        started = time.monotonic()
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                episode = await self._attempt(worker, slot, request, policy, attempt)
+            except WorkerFault as fault:
+                faults.append(str(fault))
+                continue
+            return dataclasses.replace(episode, attempts=attempt, faults=tuple(faults), wall_s=time.monotonic() - started)
+        return Episode(request=request, status=FAILED, attempts=self.max_attempts, faults=tuple(faults),
+                       reason=f"{self.max_attempts} attempts hit browser faults", wall_s=time.monotonic() - started)
+
+    async def _attempt(self, worker: BrowserWorker, slot: int, request: EpisodeRequest, policy: Policy,
+                       attempt: int) -> Episode:
+        obs = await worker.reset(request.task, request.seed)
+        instruction = obs.instruction
+        observations, actions = [obs], []
+        info: dict[str, Any] = {}
+        done = False
+        while not done and len(actions) < request.max_steps:
+            history = History(request=request, instruction=instruction, observations=tuple(observations),
+                              actions=tuple(actions), attempt=attempt, worker=slot)
+            action = await _call(policy, history)
+            if not isinstance(action, Action):
+                raise TypeError(f"policy returned {type(action).__name__}; expected an Action")
+            obs, done, info = await worker.step(action)
+            observations.append(obs)
+            actions.append(obs.last_action)
+        return Episode(request=request, status=COMPLETE, instruction=instruction, observations=tuple(observations),
+                       actions=tuple(actions), reward=info.get("reward"), success=info.get("success"),
+                       reason=info.get("reason") if done else "step limit", done=done and not info.get("truncated"),
+                       truncated=not done or bool(info.get("truncated")))
+
+
+async def _call(policy: Policy, history: History) -> Action:
+    if inspect.iscoroutinefunction(policy) or inspect.iscoroutinefunction(getattr(policy, "__call__", None)):
+        return await policy(history)
+    result = await asyncio.to_thread(policy, history)
+    return await result if inspect.isawaitable(result) else result

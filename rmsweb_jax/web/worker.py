@@ -1,0 +1,292 @@
+"""A browser worker: one Chromium, one episode at a time, restarted when it crashes or hangs."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+from playwright.async_api import Error as PlaywrightError
+from playwright.async_api import async_playwright
+
+from rmsweb_jax.web.action_executor import ActionFailed, execute_action
+from rmsweb_jax.web.actions import RELATIVE, Action, CoordinateSpace
+from rmsweb_jax.web.browser import close_browser, launch_chromium, marked_pids, new_marker
+from rmsweb_jax.web.guard import ContextGuard
+from rmsweb_jax.web.observation import Observation
+from rmsweb_jax.web.page_reader import read_page
+from rmsweb_jax.web.safety import RequestPolicy
+from rmsweb_jax.web.semantics import resolve_target
+from rmsweb_jax.web.suite import Suite
+
+
+# Errors that mean "the page navigated while we read it", not "the browser is broken".
+_NAVIGATION_RACES = ("execution context was destroyed", "not attached", "cannot find context", "navigat",
+                     "unable to capture screenshot")
+_READ_ATTEMPTS = 4
+
+
+class WorkerFault(RuntimeError):
+    """The browser or page crashed or hung. The worker has restarted its browser; the episode
+    in progress is lost and must be run again from reset."""
+
+
+class EpisodeNotRunning(RuntimeError):
+    """step() called before reset(), after the episode ended, or after a fault."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    """Browser and timing settings of a worker.
+
+    `step_timeout_s` bounds one action plus its observation, `reset_timeout_s` one reset
+    (page load included), `episode_timeout_s` (optional) the episode's wall time: past it the
+    next step ends the episode as truncated. `coordinates` is "relative" (Qwen's 0-1000) or
+    "pixel" (screenshot pixels).
+    """
+
+    executable: str | None = None
+    headless: bool = True
+    coordinates: str = "relative"
+    step_timeout_s: float = 15.0
+    reset_timeout_s: float = 30.0
+    episode_timeout_s: float | None = None
+    launch_timeout_s: float = 30.0
+    close_timeout_s: float = 5.0
+    navigation_timeout_s: float = 10.0
+    fast_png: bool = True
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.coordinates not in ("relative", "pixel"):
+            raise ValueError(f"WorkerConfig.coordinates must be 'relative' or 'pixel', got {self.coordinates!r}")
+        for name in ("step_timeout_s", "reset_timeout_s", "launch_timeout_s", "close_timeout_s", "navigation_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"WorkerConfig.{name} must be positive, got {getattr(self, name)!r}")
+
+
+@dataclasses.dataclass
+class _Episode:
+    task: Any
+    seed: int
+    instruction: str
+    started: float
+    last: Observation
+    steps: int = 0
+    done: bool = False
+
+
+class BrowserWorker:
+    """Owns one Chromium and runs one episode at a time (async).
+
+        async with BrowserWorker(suite) as worker:
+            obs = await worker.reset(task, seed=0)
+            obs, done, info = await worker.step(Action.click(500, 300))
+
+    A crash or hang during reset or step restarts the browser and raises WorkerFault.
+    `playwright` may be shared between workers of one pool; `marker` tags this worker's browser.
+    """
+
+    def __init__(self, suite: Suite, config: WorkerConfig | None = None, *, playwright=None, marker: str | None = None):
+        self.suite = suite
+        self.config = config or WorkerConfig()
+        self.marker = marker or new_marker()
+        self.restarts = 0
+        self._playwright = playwright
+        self._playwright_cm = None
+        self._browser = None
+        self._context = None
+        self._guard: ContextGuard | None = None
+        self._episode: _Episode | None = None
+        self._dead = False
+
+    # --- lifecycle ----------------------------------------------------------------------
+    async def __aenter__(self) -> "BrowserWorker":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Launches the browser (and Playwright, unless one was given)."""
+        if self._playwright is None:
+            self._playwright_cm = async_playwright()
+            self._playwright = await self._playwright_cm.start()
+        if self._browser is None:
+            await self._launch()
+
+    async def _launch(self) -> None:
+        self._dead = False
+        self._browser = await launch_chromium(
+            self._playwright, self.marker, executable=self.config.executable, headless=self.config.headless,
+            extra_args=self.config.extra_args, timeout_s=self.config.launch_timeout_s)
+        self._browser.on("disconnected", self._on_disconnected)
+        self._context = None
+
+    def _on_disconnected(self, _browser=None) -> None:
+        self._dead = True
+
+    async def restart(self) -> None:
+        """Kills and relaunches the browser; any episode in progress is dropped."""
+        self._episode = None
+        browser, self._browser, self._context, self._guard = self._browser, None, None, None
+        await close_browser(browser, self.marker, self.config.close_timeout_s)
+        self.restarts += 1
+        await self._launch()
+
+    async def close(self) -> None:
+        """Closes the browser (killing it if it does not close in time) and Playwright if owned."""
+        self._episode = None
+        browser, self._browser, self._context, self._guard = self._browser, None, None, None
+        await close_browser(browser, self.marker, self.config.close_timeout_s)
+        if self._playwright_cm is not None:
+            cm, self._playwright_cm, self._playwright = self._playwright_cm, None, None
+            try:
+                await asyncio.wait_for(cm.__aexit__(None, None, None), self.config.close_timeout_s)
+            except Exception:  # noqa: BLE001 — the driver is gone already
+                pass
+
+    @property
+    def browser_pid(self) -> int | None:
+        """Returns the pid of this worker's browser process, or None when none is running."""
+        pids = marked_pids(self.marker, exact=True)
+        return pids[0] if pids else None
+
+    @property
+    def space(self) -> CoordinateSpace:
+        """Returns the coordinate space actions are read in."""
+        if self.config.coordinates == "relative":
+            return RELATIVE
+        w, h = self.suite.viewport
+        scale = self.suite.device_scale_factor
+        return CoordinateSpace.pixels(round(w * scale), round(h * scale))
+
+    # --- episodes -----------------------------------------------------------------------
+    async def reset(self, task: Any, seed: int = 0) -> Observation:
+        """Starts `task` with `seed` and returns the first observation.
+
+        Raises WorkerFault (after restarting the browser) when the browser crashes or hangs.
+        """
+        self._episode = None
+        return await self._guarded(self._reset(task, seed), self.config.reset_timeout_s, f"reset of {_task_id(task)}")
+
+    async def step(self, action: Action) -> tuple[Observation, bool, dict[str, Any]]:
+        """Performs `action` and returns (observation, done, info).
+
+        info: reward, success, reason (from the suite), target (the action's SemanticTarget),
+        error (the action's error or None), truncated (episode time limit reached).
+        Raises EpisodeNotRunning outside an episode, WorkerFault on a crash or hang.
+        """
+        episode = self._episode
+        if episode is None or episode.done:
+            raise EpisodeNotRunning("step() needs a running episode: call reset() first"
+                                    if episode is None else "the episode is done: call reset()")
+        timeout = self.config.step_timeout_s + ((action.seconds or 1.0) if action.name == "wait" else 0.0)
+        return await self._guarded(self._step(episode, action), timeout, f"step {episode.steps + 1} ({action.name})")
+
+    async def _guarded(self, coro, timeout_s: float, what: str):
+        try:
+            return await asyncio.wait_for(coro, timeout_s)
+        except asyncio.TimeoutError:
+            reason = f"{what} timed out after {timeout_s:g}s"
+        except EpisodeNotRunning:
+            raise
+        except Exception as e:  # noqa: BLE001 — any failure inside the browser is a fault
+            reason = f"{what} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        self._episode = None
+        await self.restart()
+        raise WorkerFault(reason)
+
+    async def _ensure_context(self, policy: RequestPolicy) -> None:
+        if self._browser is None:
+            await self.start()
+        fresh = not self.suite.reuse_page or self._context is None or self._guard is None or not self._guard.pages
+        if fresh:
+            if self._context is not None:
+                await self._context.close()
+            self._context = await self._browser.new_context(
+                viewport={"width": self.suite.viewport[0], "height": self.suite.viewport[1]},
+                device_scale_factor=self.suite.device_scale_factor, accept_downloads=False)
+            self._guard = ContextGuard(self._context, policy)
+            await self._guard.open_page()
+        else:
+            await self._guard.set_policy(policy)
+            # Popups of the previous episode do not belong to this one.
+            main = self._guard.pages[0]
+            for page in self._guard.pages[1:]:
+                await page.close()
+            self._guard.active = main
+
+    async def _reset(self, task: Any, seed: int) -> Observation:
+        await self._ensure_context(self.suite.request_policy(task))
+        guard = self._guard
+        instruction = await self.suite.begin(guard.active, task, seed, self.config.reset_timeout_s)
+        state = await self._read()
+        obs = self._observation(state, instruction, step=0, action=None, error=None)
+        self._episode = _Episode(task=task, seed=seed, instruction=instruction, started=time.monotonic(), last=obs)
+        return obs
+
+    async def _step(self, episode: _Episode, action: Action):
+        before = episode.last
+        action = action.with_target(resolve_target(action, before.elements, viewport=before.viewport,
+                                                   focused_id=before.focused_id, space=self.space))
+        guard = self._guard
+        page = guard.active
+        error = None
+        try:
+            await execute_action(page, action, viewport=self.suite.viewport, space=self.space, policy=guard.policy,
+                                 navigation_timeout_s=self.config.navigation_timeout_s)
+        except ActionFailed as e:
+            error = str(e)
+        if self._dead or guard.crashed:
+            raise RuntimeError("browser disconnected or page crashed during the action")
+        if self.suite.settle_s > 0 and action.name not in ("wait", "answer"):
+            await asyncio.sleep(self.suite.settle_s)
+        if guard.log.blocked_navigations and error is None:
+            error = f"navigation blocked: {guard.log.blocked_urls[-1]}"
+        state = await self._read()
+        episode.steps += 1
+        obs = self._observation(state, episode.instruction, step=episode.steps, action=action, error=error)
+        status = self.suite.status(episode.task, state.status_value, action if action.name == "answer" else None)
+        truncated = (self.config.episode_timeout_s is not None and not status.done
+                     and time.monotonic() - episode.started > self.config.episode_timeout_s)
+        episode.last = obs
+        episode.done = status.done or truncated
+        info = {"reward": status.reward, "success": status.success,
+                "reason": "episode time limit" if truncated else status.reason,
+                "target": action.target, "error": error, "truncated": truncated}
+        return obs, episode.done, info
+
+    async def _read(self):
+        page = self._guard.active
+        cdp = await self._guard.session(page)
+        for attempt in range(1, _READ_ATTEMPTS + 1):
+            try:
+                return await read_page(page, cdp, viewport=self.suite.viewport, status_script=self.suite.status_script,
+                                       fast_png=self.config.fast_png)
+            except PlaywrightError as e:
+                # A navigation under way destroys the page's JS context or briefly leaves no
+                # frame to capture: let it land and read again.
+                message = str(e).lower()
+                if (attempt == _READ_ATTEMPTS or self._dead or page.is_closed()
+                        or not any(m in message for m in _NAVIGATION_RACES)):
+                    raise
+                try:
+                    await page.wait_for_load_state("domcontentloaded", timeout=self.config.navigation_timeout_s * 1000)
+                except PlaywrightError:
+                    pass
+                await asyncio.sleep(0.05 * attempt)  # the new document's first frame
+                if "not attached" in message and attempt >= 2:
+                    cdp = await self._guard.reattach(page)
+
+    def _observation(self, state, instruction: str, *, step: int, action: Action | None, error: str | None) -> Observation:
+        return Observation(
+            url=state.url, title=state.title, screenshot=state.screenshot, viewport=tuple(self.suite.viewport),
+            screenshot_size=state.screenshot_size, elements=state.elements, focused_id=state.focused_id,
+            instruction=instruction, step=step, last_action=action, last_error=error,
+            coordinates=self.config.coordinates, **self._guard.log.drain())
+
+
+def _task_id(task: Any) -> str:
+    return str(getattr(task, "id", task))

@@ -99,9 +99,8 @@ class TextDecoder(nnx.Module):
         else:
             kv_seg, q_pos, kv_pos = segment_ids, None, None
 
-        def layer(carry, xs):
-            h, ck, cv = carry
-            p, i = xs
+        def layer(h, xs):
+            p, i, ck, cv = xs
             y = rms_norm(h, p["input_norm"], cfg.rms_norm_eps)
             q = dense(y, p["q_kernel"].astype(dt))
             k = dense(y, p["k_kernel"].astype(dt))
@@ -109,11 +108,13 @@ class TextDecoder(nnx.Module):
             q = apply_rope(rms_norm(q, p["q_norm"], cfg.rms_norm_eps), cos, sin)
             k = apply_rope(rms_norm(k, p["k_norm"], cfg.rms_norm_eps), cos, sin)
             q = sharding.constrain(q, ("batch", "seq", "q_heads", "head_dim"), self.mesh, self.rules)
+            new_kv = (k, v)
             if ck is not None:
-                ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (i, 0, index, 0, 0))
-                cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (i, 0, index, 0, 0))
-                k = jax.lax.dynamic_index_in_dim(ck, i, axis=0, keepdims=False).astype(dt)
-                v = jax.lax.dynamic_index_in_dim(cv, i, axis=0, keepdims=False).astype(dt)
+                # This layer's cache slice arrives as a scan input and the new entries leave as scan
+                # outputs; the cache itself is written once after the scan (in place inside the
+                # decode while_loop) instead of being threaded through the scan carry.
+                k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0)).astype(dt)
+                v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0)).astype(dt)
             o = attention(q, k, v, q_segment_ids=segment_ids, kv_segment_ids=kv_seg, causal=True,
                           q_positions=q_pos, kv_positions=kv_pos, impl=self.runtime.attention_impl)
             o = checkpoint_name(o, "attention_out")
@@ -127,12 +128,16 @@ class TextDecoder(nnx.Module):
                 add = jnp.take(feats, visual_index, axis=0).astype(h.dtype)
                 h = h + jnp.where((visual_mask & (i < n_ds))[..., None], add, 0)
             h = sharding.constrain(h, ("batch", "seq", "embed"), self.mesh, self.rules)
-            return (h, ck, cv), None
+            return h, (new_kv if ck is not None else None)
 
         body = remat(layer, self.runtime.remat_policy)
         ck, cv = (cache.k, cache.v) if cache is not None else (None, None)
-        xs = (values(self, LAYER_PARAMS), jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32))
-        (x, ck, cv), _ = jax.lax.scan(body, (x, ck, cv), xs)
+        xs = (values(self, LAYER_PARAMS), jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), ck, cv)
+        x, new_kv = jax.lax.scan(body, x, xs)
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
-        new_cache = None if cache is None else KVCache(ck, cv, kv_seg, cache.index + t)
-        return x, new_cache
+        if cache is None:
+            return x, None
+        nk, nv = new_kv  # [L, B, T, KVH, hd]
+        k_all = jax.lax.dynamic_update_slice(cache.k, nk.astype(cache.k.dtype), (0, 0, index, 0, 0))
+        v_all = jax.lax.dynamic_update_slice(cache.v, nv.astype(cache.v.dtype), (0, 0, index, 0, 0))
+        return x, KVCache(k_all, v_all, kv_seg, cache.index + t)

@@ -34,7 +34,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_segment_ids: jax.Ar
         q_positions = jnp.broadcast_to(jnp.arange(t), (b, t)) if q_positions is None else q_positions
         kv_positions = jnp.broadcast_to(jnp.arange(s), (b, s)) if kv_positions is None else kv_positions
     impl = _resolve(impl)
-    if impl in ("splash", "splash_interpret") and t % _SPLASH_BLOCK == 0 and s % _SPLASH_BLOCK == 0 and t == s:
+    if impl in ("splash", "splash_interpret") and in_order and t % _SPLASH_BLOCK == 0:
         # "splash_interpret" runs the same Pallas kernel in interpret mode (tests on CPU).
         return _splash(q, k, v, q_segment_ids, kv_segment_ids, causal, scale, interpret=impl == "splash_interpret")
     if impl == "cudnn" and t > 1:

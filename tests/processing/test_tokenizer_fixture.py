@@ -37,14 +37,14 @@ def test_build_is_deterministic(tiny_tokenizer, tmp_path):
 @hypothesis.settings(max_examples=200, deadline=None)
 @hypothesis.given(text=st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x2FFF), max_size=80))
 def test_any_text_round_trips_byte_level(hf_tokenizer, text):
-    """Byte-level BPE: every string encodes to regular tokens and decodes back (NFC-normalized)."""
-    import unicodedata
-
+    """Byte-level BPE: every string encodes to regular tokens and decodes back to its normalized form."""
     # Added tokens written in the text are parsed as such, as in Qwen's tokenizer.
     hypothesis.assume(not any(t in text for t in SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS))
     ids = hf_tokenizer(text, add_special_tokens=False)["input_ids"]
     assert all(i < REGULAR_VOCAB_SIZE for i in ids)
-    assert hf_tokenizer.decode(ids) == unicodedata.normalize("NFC", text)
+    # The tokenizer's own NFC (Rust, its Unicode tables) is the reference: Python's unicodedata may
+    # order combining marks of newer code points differently (seen: U+0316 U+0898).
+    assert hf_tokenizer.decode(ids) == hf_tokenizer.backend_tokenizer.normalizer.normalize_str(text)
 
 
 def test_special_tokens_are_single_tokens_and_corpus_words_merge(hf_tokenizer):

@@ -114,7 +114,7 @@ def docker_instructions(extra: str, *, with_constraints: bool, with_chromium: bo
     project = f"/workdir/{SOURCE_DIRNAME}"
     steps = ["ENV LANG=C.UTF-8 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1"]
     if with_chromium:
-        # Debian's chromium, never `playwright install` (its browser download is not reproducible).
+        # Debian's chromium, never Playwright's own browser download (not reproducible, and refused offline).
         steps.append("RUN apt-get update && apt-get install -y --no-install-recommends chromium "
                      "&& rm -rf /var/lib/apt/lists/*")
     target = f".[{extra}]" if extra else "."

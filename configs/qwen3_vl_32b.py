@@ -1,4 +1,4 @@
-"""Qwen3-VL-32B-Instruct from a local checkpoint, bf16 compute, FSDP x 4-way tensor parallel.
+"""Qwen3-VL-32B-Instruct from a local checkpoint: the 8B setup with FSDP x 4-way tensor parallel.
 
     python -m rmsweb_jax.main --config=configs/qwen3_vl_32b.py \
         --config.model.init=hf:/data/Qwen3-VL-32B-Instruct --workdir=/tmp/run32b
@@ -7,15 +7,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import base_config  # noqa: E402
+import qwen3_vl_8b  # noqa: E402
 
 
 def get_config(arg=None):
-    c = base_config()
+    c = qwen3_vl_8b.get_config(arg)
     c.model.init = "hf:/path/to/Qwen3-VL-32B-Instruct"
-    c.model.compute_dtype = "bfloat16"
-    c.model.param_dtype = "float32"
-    c.model.remat_policy = "dots_with_no_batch_dims"
-    c.mesh.shape = (1, -1, 4)
-    c.smoke.max_pixels = 1280 * 720
+    c.mesh.shape = (1, -1, 4)  # 64 heads / 8 KV heads split 4 ways; FSDP over the rest
     return c

@@ -55,3 +55,19 @@ def test_bad_model_init_is_named(tmp_path):
     config.model.init = "random:tiny"
     with pytest.raises(ValueError, match=r"config.mesh.shape \(3, -1, 1\): 8 devices are not divisible by 3"):
         load_model(config, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["demo", "qwen3_vl_8b", "qwen3_vl_32b"])
+def test_shipped_configs_are_valid(name):
+    import importlib.util
+
+    from rmsweb_jax.models import sharding
+    from rmsweb_jax.models.loading import runtime_from_config
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    assert set(config.stages) <= set(entry.stage_table())
+    runtime_from_config(config.model)  # validates dtypes, remat policy, attention kernel
+    sharding.rules_from_config(config.sharding_rules)
+    assert config.model.init.startswith(("hf:", "random:"))

@@ -1,7 +1,6 @@
 """The model-issue benchmark config (shared by train_step.py and decode.py) and small timing helpers."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -10,6 +9,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+
+from bench.report import emit  # noqa: E402,F401  (the closing JSON line)
 
 VOCAB = 32_000
 IMAGE_TOKEN, VISION_START, VISION_END = 31_990, 31_988, 31_989
@@ -66,11 +67,3 @@ def peak_matmul_gflops(seconds: float = 2.0, n: int = 2048) -> float:
         f(a).block_until_ready()
         best = max(best, 2 * n ** 3 / (time.perf_counter() - t0) / 1e9)
     return best
-
-
-def emit(bench: str, ours: float, anchor: float, unit: str, goal: float, **extra) -> None:
-    """Prints the one closing JSON line every bench script ends with."""
-    line = {"bench": bench, "ours": round(ours, 2), "anchor": round(anchor, 2), "unit": unit,
-            "ratio": round(ours / anchor, 3) if anchor else None, "goal": goal}
-    line.update(extra)
-    print(json.dumps(line), flush=True)

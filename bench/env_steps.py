@@ -29,6 +29,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.env_bare_loop import run_bare_loop  # noqa: E402
+from bench.report import emit  # noqa: E402
 from bench.env_plan import MAX_STEPS, click_point, episode_plan, warmup_plan  # noqa: E402
 from rmsweb_jax.suites.miniwob import MiniWoBSuite  # noqa: E402
 from rmsweb_jax.suites.task import Task  # noqa: E402
@@ -158,9 +159,7 @@ def main() -> None:
     bare, ours, bg = rows[headline]
     print(f"episodes per run: {episodes} (max {MAX_STEPS} steps), best of {repeats}; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(json.dumps({"bench": f"env_steps_per_s[miniwob, {headline} workers] vs bare playwright loop",
-                      "ours": round(ours, 2), "anchor": round(bare, 2), "unit": "steps/s",
-                      "ratio": round(ours / bare, 3), "goal": 0.8}))
+    emit(f"env_steps_per_s[miniwob, {headline} workers] vs bare playwright loop", ours, bare, "steps/s", 0.8)
 
 
 if __name__ == "__main__":

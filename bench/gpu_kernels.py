@@ -16,7 +16,6 @@ Ends with one JSON line: ours = Pallas value_and_grad ms, anchor = naive XLA ms.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -28,6 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.report import emit  # noqa: E402
 from kernels import grouped_advantage as ga  # noqa: E402
 from kernels.token_logprobs import token_logprobs_reference  # noqa: E402
 from kernels.token_logprobs_chunked import token_logprobs_chunked  # noqa: E402
@@ -132,8 +132,7 @@ def main() -> int:
     if not args.cpu_dry_run and not gpu_present():
         print(f"No GPU found (backend: {jax.default_backend()}); nothing to run. "
               "Install jax with CUDA on a GPU machine, or pass --cpu-dry-run.")
-        print(json.dumps({"bench": "gpu_kernels", "ours": None, "anchor": None, "unit": "ms",
-                          "ratio": None, "goal": GOAL}))
+        emit("gpu_kernels", None, None, "ms", GOAL)
         return 0
     interpret = args.cpu_dry_run
     repeats = 2 if interpret else (5 if args.quick else 20)
@@ -150,17 +149,9 @@ def main() -> int:
     print(f"token log-probs bf16 T={t} D={d} V={v} value_and_grad: " + ", ".join(
         f"{k} {ms[k]:.2f} ms / temp {temp[k]:.0f} MiB" for k in ms)
         + f"; rel. err vs naive (value, dh, dW) {', '.join(f'{e:.1e}' for e in errs)}")
-    print(json.dumps({
-        "bench": "gpu_kernels",
-        "ours": round(ms["pallas"], 3),
-        "anchor": round(ms["reference"], 3),
-        "unit": f"ms per value_and_grad, bf16, T={t} D={d} V={v}"
-                + (" (CPU interpret dry run)" if interpret else ""),
-        "ratio": round(ms["pallas"] / ms["reference"], 3),
-        "goal": GOAL,
-        "chunked_ms": round(ms["chunked"], 3),
-        "temp_mib": {k: round(v) for k, v in temp.items()},
-    }))
+    emit("gpu_kernels", ms["pallas"], ms["reference"],
+         f"ms per value_and_grad, bf16, T={t} D={d} V={v}" + (" (CPU interpret dry run)" if interpret else ""),
+         GOAL, digits=3, chunked_ms=round(ms["chunked"], 3), temp_mib={k: round(v) for k, v in temp.items()})
     return 0
 
 

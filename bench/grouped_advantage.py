@@ -13,7 +13,6 @@ interpret mode measures nothing about speed). Ends with one JSON line (goal: rat
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.report import emit  # noqa: E402
 from kernels.grouped_advantage import grouped_advantages  # noqa: E402
 
 GATES = dict(eps=1e-6, contrast_std_min=0.0, competence_min=0.125, competence_max=0.875)
@@ -76,14 +76,8 @@ def main() -> None:
                                np.asarray(outs["ours"][2][small]), atol=1e-5)
     print(f"{n} groups x {g}: ours {med['ours']:.3f} ms, textbook {med['anchor']:.3f} ms; "
           "Pallas interpret (1000 groups) matches")
-    print(json.dumps({
-        "bench": "grouped_advantage",
-        "ours": round(med["ours"], 4),
-        "anchor": round(med["anchor"], 4),
-        "unit": f"ms per call, CPU, {n} groups x {g}",
-        "ratio": round(med["ours"] / med["anchor"], 3),
-        "goal": 1.2,  # ours / textbook time, at most
-    }))
+    # goal: ours / textbook time, at most 1.2
+    emit("grouped_advantage", med["ours"], med["anchor"], f"ms per call, CPU, {n} groups x {g}", 1.2, digits=4)
 
 
 if __name__ == "__main__":

@@ -23,3 +23,11 @@ def shared_dir() -> pathlib.Path:
     if not SHARED.is_dir():
         pytest.fail(f"shared/ folder not found at {SHARED}")
     return SHARED
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """An event loop in a thread (browser tests): loop.run(coro) blocks for the result."""
+    from rmsweb_jax.web.loop_thread import LoopThread
+    with LoopThread() as lt:
+        yield lt

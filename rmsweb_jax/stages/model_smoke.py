@@ -5,11 +5,12 @@ import json
 import pathlib
 import time
 
-import numpy as np
 from absl import logging
+from flax import nnx
 from PIL import Image, ImageDraw
 
 from rmsweb_jax.models.loading import load_model
+from rmsweb_jax.models.qwen3_vl.layers import num_params
 from rmsweb_jax.processing.image import ImageProcessorConfig, preprocess_images
 from rmsweb_jax.processing.prompts import encode_multimodal, load_tokenizer
 from rmsweb_jax.sampling.sampler import Sampler, SamplingParams
@@ -54,7 +55,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     completion = tokenizer.decode(out.tokens[0, :n])
     report = {
         "checkpoint": str(ckpt_dir),
-        "parameters": int(sum(np.prod(x.shape) for x in _leaves(model))),
+        "parameters": num_params(nnx.state(model, nnx.Param)),
         "prompt_tokens": int(len(ids)),
         "image_grid_thw": grid.tolist(),
         "generated_tokens": n,
@@ -71,8 +72,3 @@ def run(config, workdir: pathlib.Path) -> dict:
     print(f"[model] generation ({n} tokens, {report['tokens_per_second']} tok/s after compile): {completion!r}")
     return report
 
-
-def _leaves(model):
-    import jax
-    from flax import nnx
-    return jax.tree.leaves(nnx.state(model, nnx.Param))

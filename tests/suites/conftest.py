@@ -2,7 +2,6 @@
 import pytest
 
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
-from rmsweb_jax.web.loop_thread import LoopThread
 from rmsweb_jax.web.worker import BrowserWorker
 
 
@@ -17,13 +16,6 @@ def miniwob_suite():
     """A MiniWoBSuite serving the installed package's html/ folder."""
     with MiniWoBSuite() as suite:
         yield suite
-
-
-@pytest.fixture(scope="module")
-def loop():
-    """An event loop in a thread: loop.run(coro) blocks for the result."""
-    with LoopThread() as lt:
-        yield lt
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import pytest
 from rmsweb_jax.suites.http_server import LocalHTTPServer
 from rmsweb_jax.suites.live import LiveSuite
 from rmsweb_jax.suites.task import Task
-from rmsweb_jax.web.loop_thread import LoopThread
 from rmsweb_jax.web.worker import BrowserWorker, WorkerConfig
 
 PAGES = pathlib.Path(__file__).parent / "pages"
@@ -26,13 +25,6 @@ def page_task(page_server):
         return Task(suite="test", id=name, start_url=page_server.url(name), instruction=f"test page {name}",
                     allowed_hosts=(page_server.netloc,))
     return make
-
-
-@pytest.fixture(scope="module")
-def loop():
-    """An event loop in a thread: loop.run(coro) blocks for the result."""
-    with LoopThread() as lt:
-        yield lt
 
 
 @pytest.fixture(scope="module")

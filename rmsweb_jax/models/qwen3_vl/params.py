@@ -91,7 +91,7 @@ def key_map(config: Qwen3VLConfig) -> dict[str, Mapping]:
     return m
 
 
-def hf_shape(mapping: Mapping, ours: tuple[int, ...]) -> tuple[int, ...]:
+def hf_shape(mapping: Mapping, ours: tuple[int, ...], config: Qwen3VLConfig) -> tuple[int, ...]:
     """Returns the HF tensor shape that maps onto one (per-layer) slice of ours of shape `ours`."""
     if mapping.kind == "copy":
         return ours
@@ -102,7 +102,8 @@ def hf_shape(mapping: Mapping, ours: tuple[int, ...]) -> tuple[int, ...]:
     if mapping.kind == "reshape":
         return (int(np.prod(ours)),)
     if mapping.kind == "conv":
-        raise AssertionError("conv shape needs the vision config")
+        v = config.vision
+        return (v.hidden_size, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
     raise ValueError(f"unknown mapping kind {mapping.kind!r}")
 
 
@@ -199,11 +200,7 @@ def _leaf(tree, path):
 
 def _check_shapes(ckpt, mapping, shape, config, name):
     per_layer = shape[1:] if mapping.stacked else shape
-    if mapping.kind == "conv":
-        v = config.vision
-        expected = (v.hidden_size, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
-    else:
-        expected = hf_shape(mapping, per_layer)
+    expected = hf_shape(mapping, per_layer, config)
     keys = [mapping.key.format(i=i) for i in range(shape[0])] if mapping.stacked else [mapping.key]
     for key in keys:
         got = ckpt.shape(key)
@@ -261,12 +258,7 @@ def to_hf(model: Qwen3VL, out_dir: str | os.PathLike, *, dtype=None, max_shard_b
             arr = arr.astype(jnp.dtype(dtype))
         layers = list(arr) if mapping.stacked else [arr]
         for i, layer in enumerate(layers):
-            if mapping.kind == "conv":
-                v = config.vision
-                hf = (v.hidden_size, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
-            else:
-                hf = hf_shape(mapping, layer.shape)
-            tensors[mapping.key.format(i=i)] = to_hf_layout(mapping, layer, hf)
+            tensors[mapping.key.format(i=i)] = to_hf_layout(mapping, layer, hf_shape(mapping, layer.shape, config))
     if jax.process_index() != 0:
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,205 @@
+"""What every LLM judge shares: the chat callable, message parts, the attempt's screenshots and
+action history as judges show them, and tolerant readers for the judge model's text.
+
+A judge talks to its model through `chat(messages) -> text`, messages in OpenAI chat format
+(content parts {"type": "text"} and {"type": "image_url"} with PNG data URLs). Production wraps
+an OpenAI-compatible endpoint (`chat_from_client`); anything else that maps messages to text
+works the same. A call that raises, or returns something other than text, ends the judgement as
+a recorded error (`JudgeFailure` → Verdict(outcome="error")), never as a success.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+from typing import Any, Callable, Sequence
+
+from rmsweb_jax.judges.base import ERROR, JudgeInput, Verdict
+from rmsweb_jax.web.action_text import CLOSE, OPEN
+
+Chat = Callable[[list[dict]], str]
+
+
+class JudgeFailure(Exception):
+    """The judge could not decide: the endpoint failed or its text could not be read. `reason`
+    names what went wrong and what was expected; `raw` keeps the text at fault."""
+
+    def __init__(self, reason: str, raw: str = ""):
+        super().__init__(reason)
+        self.reason, self.raw = reason, raw
+
+
+class ChatSession:
+    """Counts the calls one judgement makes and turns endpoint failures into JudgeFailure.
+
+    The counter is guarded by a lock: WebJudge scores screenshots from worker threads.
+    """
+
+    def __init__(self, chat: Chat):
+        self._chat, self._lock, self.calls = chat, threading.Lock(), 0
+
+    def ask(self, messages: list[dict], what: str) -> str:
+        """Returns the model's text for `messages`; raises JudgeFailure naming `what` was asked."""
+        with self._lock:
+            self.calls += 1
+        try:
+            text = self._chat(messages)
+        except Exception as e:  # noqa: BLE001 — any transport failure is a judge error, not a crash
+            raise JudgeFailure(f"{what}: judge endpoint call failed: {type(e).__name__}: {e}") from None
+        if not isinstance(text, str):
+            raise JudgeFailure(f"{what}: judge endpoint returned {type(text).__name__}; expected the reply text (str)")
+        return text
+
+
+def error_verdict(judge: str, failure: JudgeFailure, calls: int) -> Verdict:
+    """Returns the error verdict for a failed judgement."""
+    return Verdict(outcome=ERROR, reason=failure.reason, raw=failure.raw, judge=judge, calls=calls)
+
+
+def chat_from_client(client: Any, *, max_tokens: int = 1024, temperature: float = 0.0) -> Chat:
+    """Returns a chat callable over an rmsweb_jax.agents.chat_client.ChatClient (or anything with
+    the same `complete(messages, max_tokens=, temperature=) -> ChatResult` method).
+
+    A reply cut at `max_tokens` with no text raises, so it is recorded as a judge error rather
+    than parsed as an empty verdict."""
+    # Duck-typed on purpose: judges never import the HTTP client, so they load without it.
+    if not callable(getattr(client, "complete", None)):
+        raise TypeError(f"client must have a complete(messages, max_tokens=, temperature=) method (a ChatClient), "
+                        f"got {type(client).__name__}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens!r}")
+
+    def chat(messages: list[dict]) -> str:
+        result = client.complete(messages, max_tokens=max_tokens, temperature=temperature)
+        if not result.text and result.finish_reason == "length":
+            raise RuntimeError(f"empty reply cut at max_tokens={max_tokens} (finish_reason 'length')")
+        return result.text
+
+    return chat
+
+
+# --- message parts --------------------------------------------------------------------------------
+def text_part(text: str) -> dict:
+    """Returns an OpenAI text content part."""
+    return {"type": "text", "text": text}
+
+
+def image_part(png: bytes, *, detail: str | None = None, mime: str = "image/png") -> dict:
+    """Returns an OpenAI image_url content part carrying `png` as a base64 data URL."""
+    if not isinstance(png, (bytes, bytearray)) or not png:
+        raise ValueError(f"image_part: expected non-empty image bytes, got {type(png).__name__} of length "
+                         f"{len(png) if isinstance(png, (bytes, bytearray)) else 'n/a'}")
+    url = {"url": f"data:{mime};base64,{base64.b64encode(bytes(png)).decode('ascii')}"}
+    if detail is not None:
+        url["detail"] = detail
+    return {"type": "image_url", "image_url": url}
+
+
+def image_bytes(part: dict) -> bytes:
+    """Returns the image bytes of an image_url part built by `image_part` (for reports and tests)."""
+    url = part["image_url"]["url"]
+    return base64.b64decode(url.split(",", 1)[1])
+
+
+# --- the attempt as judges see it -----------------------------------------------------------------
+def tool_arguments(action_text: str) -> dict | None:
+    """Returns the "arguments" object of the tool call in `action_text`, or None when there is no
+    readable call. Lenient on purpose (no coordinate-range check): judges describe what the agent
+    wrote, valid or not."""
+    start = action_text.find(OPEN)
+    if start < 0:
+        return None
+    body = action_text[start + len(OPEN):]
+    end = body.find(CLOSE)
+    body = body[:end] if end >= 0 else body
+    try:
+        payload = json.loads(body)
+        args = payload.get("arguments") if isinstance(payload, dict) else None
+        if isinstance(args, str):
+            args = json.loads(args)
+    except (ValueError, RecursionError):
+        return None
+    return args if isinstance(args, dict) else None
+
+
+def describe_action(action_text: str) -> str:
+    """Returns one line for an action in a judge's action history: `name {"arg": value, ...}`, or the
+    agent's text squeezed onto one line when it holds no readable tool call."""
+    args = tool_arguments(action_text)
+    if args is None or not isinstance(args.get("action"), str):
+        body = action_text.replace(OPEN, " ").replace(CLOSE, " ")
+        return " ".join(body.split()) or "(empty action)"
+    rest = {k: v for k, v in args.items() if k != "action"}
+    return f"{args['action']} {json.dumps(rest, ensure_ascii=False)}" if rest else args["action"]
+
+
+def is_answer(action_text: str) -> bool:
+    """Returns whether `action_text` is a closing `answer` action."""
+    args = tool_arguments(action_text)
+    return args is not None and args.get("action") == "answer"
+
+
+def action_history(attempt: JudgeInput, *, drop_answer: bool = True) -> list[str]:
+    """Returns one line per step's action, oldest first. `drop_answer` leaves out closing answer
+    actions: Online-Mind2Web asks for "only factual actions, not agent outputs" (the answer text
+    may be hallucinated and inflates false positives)."""
+    return [describe_action(s.action_text) for s in attempt.steps if not (drop_answer and is_answer(s.action_text))]
+
+
+def trajectory_screenshots(attempt: JudgeInput) -> list[bytes]:
+    """Returns the attempt's screenshots in order: each step's, then the page after the last action
+    unless that adds nothing (no final screenshot, the last step was an answer — which leaves the
+    page as it was — or the bytes equal the last step's)."""
+    shots = [s.screenshot for s in attempt.steps if s.screenshot]
+    final = attempt.final_screenshot
+    last = attempt.steps[-1] if attempt.steps else None
+    if final and not (last is not None and (is_answer(last.action_text) or final == last.screenshot)):
+        shots.append(final)
+    return shots
+
+
+def task_text(attempt: JudgeInput) -> str:
+    """Returns the task as the judge is shown it: the attempt's instruction, else the Task's."""
+    text = (attempt.instruction or getattr(attempt.task, "instruction", "") or "").strip()
+    if not text:
+        raise JudgeFailure("attempt has no instruction (JudgeInput.instruction and task.instruction are empty); "
+                           "expected the task text the agent was given")
+    return text
+
+
+# --- reading the judge model's text ---------------------------------------------------------------
+_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.S)
+
+
+def json_object(text: str) -> dict:
+    """Returns the first JSON object in `text` (bare, or inside a ```json fence, after any prose).
+    Raises ValueError saying what was found instead."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("empty reply; expected a JSON object")
+    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
+    decoder = json.JSONDecoder()
+    last_error = "no '{' found"
+    for candidate in candidates:
+        pos = candidate.find("{")
+        while pos >= 0:
+            try:
+                value, _ = decoder.raw_decode(candidate, pos)
+            except ValueError as e:
+                last_error = f"{e}"
+            else:
+                if isinstance(value, dict):
+                    return value
+            pos = candidate.find("{", pos + 1)
+    raise ValueError(f"no complete JSON object in the reply ({last_error})")
+
+
+def preview(text: str, limit: int = 120) -> str:
+    """Returns `text` shortened for an error message."""
+    text = " ".join(str(text).split())
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def numbered(lines: Sequence[str]) -> str:
+    """Returns lines as "1. a\\n2. b" (the official judges' list form)."""
+    return "\n".join(f"{i + 1}. {line}" for i, line in enumerate(lines))

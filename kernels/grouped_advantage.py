@@ -64,7 +64,7 @@ def grouped_advantages(rewards, mask=None, *, eps: float = 1e-6, std_normalize: 
                        impl: str | None = None, block_groups: int | None = None) -> GroupStats:
     """Returns GroupStats for rewards [num_groups, G] (mask: True/nonzero = valid member).
 
-    impl: None (Pallas on TPU/GPU, "reference" on CPU), "reference", "pallas",
+    impl: None (Pallas on TPU, "reference" on CPU and GPU), "reference", "pallas",
     "pallas_interpret". block_groups: groups per Pallas block (a multiple of 128 on TPU).
     Gradients w.r.t. rewards flow through every path (the Pallas one via custom_vjp).
     """

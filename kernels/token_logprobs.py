@@ -6,9 +6,9 @@ With Qwen's vocabulary of 151,936 the float32 [T, V] logits (and their gradient)
 memory of RL and SFT losses. Every path here tiles the vocabulary with an online
 log-sum-exp, and its backward (custom_vjp) recomputes logit tiles instead of keeping them:
 
-  impl="chunked"          lax loop over vocabulary chunks (token_logprobs_chunked); CPU default
+  impl="chunked"          lax loop over vocabulary chunks (token_logprobs_chunked); CPU and GPU default
   impl="pallas"           Pallas kernels: Mosaic layout on TPU (token_logprobs_tpu), Triton
-                          layout on GPU (token_logprobs_gpu); the default there
+                          layout on GPU (token_logprobs_gpu); the default on TPU only
   impl="pallas_interpret" the TPU-layout kernels in interpret mode (runs on CPU; for tests)
   impl="reference"        the naive log_softmax over materialized logits (for checks)
 

@@ -1,0 +1,243 @@
+"""An in-process chat model: OpenAI-format conversations in, completions out, over our Flax Qwen3-VL sampler.
+
+`ChatModel.complete` is what `FlaxPolicy` and the OpenAI-compatible server (`sampling/serve.py`)
+both call, so a checkpoint answers the same way in-process and over HTTP.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import threading
+from typing import Any, Sequence
+
+import ml_collections
+import numpy as np
+
+from rmsweb_jax.processing.chat import END_OF_TURN, EncodedChat, encode_chat
+from rmsweb_jax.processing.image import ImageProcessorConfig
+from rmsweb_jax.sampling.sampler import DEFAULT_LENGTH_BUCKETS, Sampler, SamplingParams
+
+FINISH_REASONS = ("stop", "length")
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One generated assistant turn.
+
+    `text` is decoded without special tokens and without the stop token; `token_ids` and
+    `logprobs` cover every generated token, the stop token included, so `completion_tokens`
+    equals len(token_ids). `finish_reason` is "stop" (a stop token ended it) or "length".
+    """
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+def _batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """Returns the batch sizes compiled for: powers of two below max_batch, then max_batch."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return (*sizes, max_batch)
+
+
+class ChatModel:
+    """Completes batches of chat conversations with one Qwen3-VL model; safe to call from threads.
+
+    Conversations are rendered by the tokenizer's chat template (`processing.chat.encode_chat`),
+    grouped by length into batches of at most `max_batch` (padded with one-token dummy rows to a
+    power of two, so few batch shapes compile), and sampled until a stop token (the checkpoint's
+    `<|im_end|>` / eos ids, plus the request's) or `max_new_tokens`.
+    """
+
+    def __init__(self, model, tokenizer, *, name: str = "rmsweb", image_config: ImageProcessorConfig | None = None,
+                 length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, max_batch: int = 8,
+                 stop_token_ids: Sequence[int] | None = None, patch_bucket: int = 1024):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.name = name
+        self.model, self.tokenizer = model, tokenizer
+        self.image_config = image_config or ImageProcessorConfig()
+        vision = model.config.vision
+        ours = (self.image_config.patch_size, self.image_config.merge_size, self.image_config.temporal_patch_size)
+        theirs = (vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
+        if ours != theirs:
+            raise ValueError(f"image_config patch/merge/temporal sizes {ours} differ from the model's vision config "
+                             f"{theirs}")
+        image_token = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        if image_token != model.config.image_token_id:
+            raise ValueError(f"tokenizer's <|image_pad|> id {image_token} differs from the model's image_token_id "
+                             f"{model.config.image_token_id}: tokenizer and checkpoint do not belong together")
+        self.max_batch = int(max_batch)
+        self.stop_token_ids = tuple(sorted(set(stop_token_ids if stop_token_ids is not None
+                                               else default_stop_token_ids(tokenizer))))
+        if not self.stop_token_ids:
+            raise ValueError("no stop token ids: the tokenizer has neither <|im_end|> nor an eos token; "
+                             "pass stop_token_ids")
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.stop_token_ids[0])
+        self._sampler = Sampler(model, pad_id=self.pad_id, length_buckets=length_buckets, patch_bucket=patch_bucket)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def load(cls, spec: str, workdir: str | pathlib.Path, *, config: ml_collections.ConfigDict | None = None,
+             **kw) -> "ChatModel":
+        """Returns the chat model of `spec` ('hf:/path' or 'random:tiny', as models/loading.py reads it).
+
+        `config` is the run's config (its model dtypes, mesh and sharding rules are used; `spec`
+        replaces config.model.init); without one the model loads float32 on a single device. The
+        checkpoint's preprocessor_config.json and generation_config.json set the image config and
+        stop tokens unless `image_config` / `stop_token_ids` are given.
+        """
+        from rmsweb_jax.models.loading import load_model  # heavy (jax, safetensors); only loaders pay
+        from rmsweb_jax.processing.prompts import load_tokenizer
+
+        cfg = _loading_config(spec, config)
+        model, checkpoint_dir = load_model(cfg, pathlib.Path(workdir))
+        tokenizer = load_tokenizer(checkpoint_dir)
+        kw.setdefault("image_config", image_config_from_checkpoint(checkpoint_dir))
+        kw.setdefault("stop_token_ids", default_stop_token_ids(tokenizer, checkpoint_dir))
+        return cls(model, tokenizer, **kw)
+
+    def encode(self, conversation: Sequence[dict]) -> EncodedChat:
+        """Returns the conversation as the model will see it (template, images, expanded placeholders)."""
+        return encode_chat(self.tokenizer, conversation, self.image_config, add_generation_prompt=True)
+
+    def complete(self, conversations: Sequence[Sequence[dict]], params: SamplingParams = SamplingParams(), *,
+                 seed: int = 0) -> list[Completion]:
+        """Returns one Completion per conversation, in order.
+
+        Raises ValueError naming the conversation at fault (bad message, undecodable image, prompt
+        longer than the largest length bucket). The request's `params.stop_token_ids` add to the
+        model's own stop tokens.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"ChatModel {self.name!r} is closed")
+            encoded = []
+            for i, conversation in enumerate(conversations):
+                try:
+                    encoded.append(self.encode(conversation))
+                except (ValueError, TypeError) as err:
+                    raise type(err)(f"conversation {i}: {err}") from err
+            longest = self._sampler.length_buckets[-1]
+            for i, enc in enumerate(encoded):
+                if len(enc.input_ids) > longest:
+                    raise ValueError(f"conversation {i}: prompt of {len(enc.input_ids)} tokens exceeds the largest "
+                                     f"length bucket ({longest} tokens)")
+            stops = sorted(set(self.stop_token_ids) | set(params.stop_token_ids))
+            # The stop list's length is part of the compiled program's shape: pad it (with a repeat)
+            # to a multiple of 4 so requests with their own stop tokens reuse the compiled sampler.
+            stops += stops[:1] * (-len(stops) % 4)
+            params = dataclasses.replace(params, stop_token_ids=tuple(stops))
+            # Similar lengths share a batch, so less of each batch is padding.
+            order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].input_ids))
+            results: list[Completion | None] = [None] * len(encoded)
+            for b, start in enumerate(range(0, len(order), self.max_batch)):
+                chunk = order[start:start + self.max_batch]
+                for i, completion in zip(chunk, self._generate([encoded[i] for i in chunk], params, seed + b)):
+                    results[i] = completion
+            return results  # type: ignore[return-value]
+
+    def _generate(self, batch: list[EncodedChat], params: SamplingParams, seed: int) -> list[Completion]:
+        """Returns the completions of one batch (at most max_batch prompts)."""
+        size = next(s for s in _batch_buckets(self.max_batch) if s >= len(batch))
+        prompts = [enc.input_ids.tolist() for enc in batch] + [[self.pad_id]] * (size - len(batch))
+        with_images = [enc for enc in batch if enc.num_images]
+        pixels = np.concatenate([enc.pixel_values for enc in with_images]) if with_images else None
+        grids = np.concatenate([enc.image_grid_thw for enc in with_images]) if with_images else None
+        out = self._sampler.generate(prompts, params, pixel_values=pixels, image_grid_thw=grids, seed=seed)
+        completions = []
+        for row, enc in enumerate(batch):
+            n = int(out.lengths[row])
+            ids = tuple(int(t) for t in out.tokens[row, :n])
+            finished = bool(out.finished[row])
+            # The stop token ends the turn; like an OpenAI stop sequence it is not part of the text.
+            text_ids = list(ids[:-1] if finished else ids)
+            completions.append(Completion(
+                text=self.tokenizer.decode(text_ids, skip_special_tokens=True),
+                prompt_tokens=int(len(enc.input_ids)), completion_tokens=n,
+                finish_reason="stop" if finished else "length",
+                token_ids=ids, logprobs=tuple(float(x) for x in out.logprobs[row, :n])))
+        return completions
+
+    def refresh(self) -> None:
+        """Re-reads the model's parameters (after a training update changed them in place)."""
+        with self._lock:
+            self._sampler.refresh()
+
+    def close(self) -> None:
+        """Drops the model and sampler; later `complete` calls raise RuntimeError."""
+        with self._lock:
+            self._closed = True
+            self._sampler = None
+            self.model = None
+
+
+def default_stop_token_ids(tokenizer, checkpoint_dir: str | pathlib.Path | None = None) -> tuple[int, ...]:
+    """Returns the ids that end an assistant turn: `<|im_end|>`, the tokenizer's eos, and the eos ids
+    of the checkpoint's generation_config.json (Qwen3-VL lists `<|im_end|>` and `<|endoftext|>`)."""
+    ids = set()
+    end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+    if end is not None and end != tokenizer.unk_token_id:
+        ids.add(int(end))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if checkpoint_dir is not None:
+        path = pathlib.Path(checkpoint_dir) / "generation_config.json"
+        if path.is_file():
+            eos = json.loads(path.read_text()).get("eos_token_id")
+            ids.update(int(t) for t in (eos if isinstance(eos, list) else [eos]) if t is not None)
+    return tuple(sorted(ids))
+
+
+def image_config_from_checkpoint(checkpoint_dir: str | pathlib.Path) -> ImageProcessorConfig:
+    """Returns the image config of the checkpoint's preprocessor_config.json (defaults when absent).
+
+    Reads Qwen3-VL's form (`size.shortest_edge` / `size.longest_edge` as pixel counts) and the older
+    `min_pixels` / `max_pixels` form.
+    """
+    path = pathlib.Path(checkpoint_dir) / "preprocessor_config.json"
+    if not path.is_file():
+        return ImageProcessorConfig()
+    d = json.loads(path.read_text())
+    size = d.get("size") or {}
+    kw: dict[str, Any] = {}
+    for ours, theirs in (("patch_size", "patch_size"), ("merge_size", "merge_size"),
+                         ("temporal_patch_size", "temporal_patch_size"), ("min_pixels", "min_pixels"),
+                         ("max_pixels", "max_pixels"), ("mean", "image_mean"), ("std", "image_std")):
+        if d.get(theirs) is not None:
+            kw[ours] = d[theirs]
+    if "shortest_edge" in size:
+        kw["min_pixels"] = size["shortest_edge"]
+    if "longest_edge" in size:
+        kw["max_pixels"] = size["longest_edge"]
+    try:
+        return ImageProcessorConfig(**kw)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: {err}") from err
+
+
+def _loading_config(spec: str, config: ml_collections.ConfigDict | None) -> ml_collections.ConfigDict:
+    """Returns a config for models/loading.py: the run's, or float32 on one device, with model.init = spec."""
+    if config is not None:
+        cfg = ml_collections.ConfigDict(config.to_dict())
+    else:
+        cfg = ml_collections.ConfigDict()
+        cfg.seed = 0
+        cfg.model = ml_collections.ConfigDict(dict(param_dtype="float32", compute_dtype="float32",
+                                                   remat_policy="none", attention_impl="auto"))
+        cfg.mesh = ml_collections.ConfigDict(dict(shape=(1, 1, 1)))
+    cfg.model.init = spec
+    return cfg

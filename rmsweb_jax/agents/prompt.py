@@ -1,0 +1,278 @@
+"""The one prompt every stage uses: system prompt with the computer_use tool, user turn, assistant target.
+
+Collection, SFT, mining, Salvage-DS and evaluation all build their chat messages here, so the
+model is trained on exactly the prompt it is sampled with. Messages are OpenAI chat format with
+screenshots as PNG data-URL parts (`processing.chat` renders them through the chat template;
+`HttpPolicy` sends them as they are).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from rmsweb_jax.agents.policy import PastStep, ReflectionRequest, StepContext
+from rmsweb_jax.processing.chat import image_url_part
+from rmsweb_jax.web.action_text import CLOSE, OPEN, TOOL_NAME
+from rmsweb_jax.web.actions import ACTION_NAMES, MAX_WAIT_S, CoordinateSpace
+from rmsweb_jax.web.observation import Observation
+
+# What each action does, and the arguments it requires / may take (actions.py enforces the same).
+ACTION_DOCS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "left_click": ("Click the left mouse button at `coordinate`.", ("coordinate",), ()),
+    "double_click": ("Double-click the left mouse button at `coordinate`.", ("coordinate",), ()),
+    "hover": ("Move the mouse to `coordinate` without clicking.", ("coordinate",), ()),
+    "type": ("Type `text` into the focused field (or click `coordinate` first); `clear` empties the field "
+             "first, `press_enter` presses Enter after typing.", ("text",), ("coordinate", "press_enter", "clear")),
+    "key": ("Press a key or key combination, e.g. [\"Enter\"] or [\"Control\", \"a\"].", ("keys",), ()),
+    "scroll": ("Scroll the page (or the element at `coordinate`) by `amount` pixels in `direction`.",
+               ("direction", "amount"), ("coordinate",)),
+    "go_back": ("Go back to the previous page in the browser history.", (), ()),
+    "navigate": ("Open `url` in the current tab.", ("url",), ()),
+    "wait": ("Wait `time` seconds for the page to change.", (), ("time",)),
+    "answer": ("Finish the task, giving `text` as the final answer (a short confirmation when the task "
+               "asks for no answer).", ("text",), ()),
+}
+ARGUMENT_TYPES: dict[str, dict[str, Any]] = {
+    "coordinate": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+    "text": {"type": "string"},
+    "press_enter": {"type": "boolean"},
+    "clear": {"type": "boolean"},
+    "keys": {"type": "array", "items": {"type": "string"}},
+    "direction": {"type": "string", "enum": ["up", "down", "left", "right"]},
+    "amount": {"type": "integer", "minimum": 1},
+    "url": {"type": "string"},
+    "time": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S},
+}
+
+AGENT_INTRO = ("You are a web agent. You complete the user's task in a web browser by looking at screenshots of "
+               "the page and acting on it with the computer_use tool, one action per turn.")
+RESPONSE_FORMAT = ("In each turn, first write a short thought about what you see and what to do next, then exactly "
+                   "one tool call. When the task is complete, call the `answer` action.")
+REFLECTION_HEADER = "Reflections on your earlier failed attempts at this task (use them; do not repeat those mistakes):"
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptConfig:
+    """What the user turn shows.
+
+    `history_steps` earlier steps as text (thought + action), of which the last `history_images`
+    also with their screenshot; `include_elements` adds up to `max_elements` page elements with
+    their centres; `reflection_images` screenshots of the failed attempt (its last steps) go into
+    the reflection prompt; `max_element_name` truncates long accessible names.
+    """
+
+    history_steps: int = 4
+    history_images: int = 1
+    include_elements: bool = False
+    max_elements: int = 50
+    max_element_name: int = 80
+    reflection_images: int = 1
+
+    def __post_init__(self):
+        for name in ("history_steps", "history_images", "max_elements", "max_element_name", "reflection_images"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"PromptConfig.{name} must be a non-negative int, got {value!r}")
+        if self.history_images > self.history_steps:
+            raise ValueError(f"PromptConfig.history_images ({self.history_images}) must not exceed history_steps "
+                             f"({self.history_steps}): a screenshot is shown only with its step's text")
+        if not isinstance(self.include_elements, bool):
+            raise ValueError(f"PromptConfig.include_elements must be a bool, got {self.include_elements!r}")
+        if self.max_element_name < 8:
+            raise ValueError(f"PromptConfig.max_element_name must be >= 8 characters, got {self.max_element_name}")
+
+    @classmethod
+    def from_config(cls, cfg) -> "PromptConfig":
+        """Returns the PromptConfig of an ml_collections section (missing fields keep defaults)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"prompt config has unknown key(s) {unknown}; known: {sorted(names)}")
+        return cls(**d)
+
+
+def coordinate_help(space: CoordinateSpace) -> str:
+    """Returns how `coordinate` reads in `space` (told to the model in the tool description)."""
+    if space.kind == "relative":
+        return ("[x, y] on a 0-1000 grid over the screenshot, whatever its size: [0, 0] is the top-left corner, "
+                "[1000, 1000] the bottom-right; x grows to the right, y downwards.")
+    return (f"[x, y] in pixels of the {space.width}x{space.height} screenshot: [0, 0] is the top-left corner, "
+            f"x grows to the right (0..{space.width}), y downwards (0..{space.height}).")
+
+
+def tool_schema(space: CoordinateSpace) -> dict[str, Any]:
+    """Returns the computer_use tool as a function-calling JSON schema (Qwen's `tools` entry form)."""
+    required_by: dict[str, list[str]] = {arg: [] for arg in ARGUMENT_TYPES}
+    optional_for: dict[str, list[str]] = {arg: [] for arg in ARGUMENT_TYPES}
+    for name, (_, required, optional) in ACTION_DOCS.items():
+        for arg in required:
+            required_by[arg].append(name)
+        for arg in optional:
+            optional_for[arg].append(name)
+    users = {arg: ([f"required by {', '.join(required_by[arg])}"] if required_by[arg] else [])
+             + ([f"optional for {', '.join(optional_for[arg])}"] if optional_for[arg] else [])
+             for arg in ARGUMENT_TYPES}
+    notes = {"coordinate": coordinate_help(space), "text": "The text to type, or the final answer.",
+             "press_enter": "Press Enter after typing.", "clear": "Empty the field before typing.",
+             "keys": "Key names, pressed together.", "direction": "Scroll direction.",
+             "amount": "Scroll distance in pixels.", "url": "The URL to open.", "time": "Seconds to wait."}
+    properties: dict[str, Any] = {"action": {
+        "type": "string", "enum": list(ACTION_NAMES),
+        "description": "The action to perform:\n" + "\n".join(f"* `{n}`: {ACTION_DOCS[n][0]}" for n in ACTION_NAMES)}}
+    for arg, schema in ARGUMENT_TYPES.items():
+        properties[arg] = {**schema, "description": f"{notes[arg]} ({'; '.join(users[arg])})"}
+    return {"type": "function", "function": {
+        "name": TOOL_NAME,
+        "description": "Use a mouse and keyboard to interact with the web page shown in the screenshot.",
+        "parameters": {"type": "object", "properties": properties, "required": ["action"]}}}
+
+
+def system_prompt(space: CoordinateSpace) -> str:
+    """Returns the system prompt: the agent's role and the tool in Qwen's function-calling format."""
+    tool = json.dumps(tool_schema(space), ensure_ascii=False)
+    return (f"{AGENT_INTRO}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tool}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments within "
+            f"{OPEN}{CLOSE} XML tags:\n{OPEN}\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n"
+            f"{CLOSE}\n\n{RESPONSE_FORMAT}")
+
+
+def action_summary(action_text: str) -> str:
+    """Returns the tool call of an action text as the history shows it: its arguments JSON, tags removed."""
+    body = action_text
+    if OPEN in body:
+        body = body.split(OPEN, 1)[1]
+    body = body.split(CLOSE, 1)[0].strip()
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return body
+    if isinstance(payload, dict) and isinstance(payload.get("arguments"), dict):
+        return json.dumps(payload["arguments"], ensure_ascii=False)
+    return body
+
+
+class PromptBuilder:
+    """Builds the chat messages of an agent step, its assistant target, and the reflection prompt."""
+
+    def __init__(self, config: PromptConfig = PromptConfig()):
+        self.config = config
+
+    def messages(self, ctx: StepContext) -> list[dict[str, Any]]:
+        """Returns [system, user] messages for one step: task, reflections, history, current screenshot."""
+        obs = ctx.observation
+        return [{"role": "system", "content": system_prompt(obs.coordinate_space)},
+                {"role": "user", "content": self.user_content(ctx)}]
+
+    def user_content(self, ctx: StepContext) -> list[dict[str, Any]]:
+        """Returns the user turn's parts (text and PNG data-URL images), in reading order."""
+        cfg, obs = self.config, ctx.observation
+        instruction = ctx.instruction or obs.instruction
+        parts: list[dict[str, Any]] = [_text(f"Task: {instruction}")]
+        if ctx.reflections:
+            lines = [REFLECTION_HEADER] + [f"Reflection {i}: {r.strip()}" for i, r in enumerate(ctx.reflections, 1)]
+            parts.append(_text("\n".join(lines)))
+        history = ctx.history[-cfg.history_steps:] if cfg.history_steps else ()
+        if history:
+            first = len(ctx.history) - len(history)  # index of the first shown step
+            omitted = f" (steps 1-{first} omitted)" if first else ""
+            parts.append(_text(f"Previous steps{omitted}:"))
+            with_image = len(history) - cfg.history_images
+            for k, step in enumerate(history):
+                number = first + k + 1
+                if k >= with_image:
+                    parts.append(_text(f"Step {number} screenshot:"))
+                    parts.append(image_url_part(step.screenshot))
+                parts.append(_text(_step_text(number, step)))
+        notes = _observation_notes(obs)
+        parts.append(_text(f"Current page: {obs.url}" + (f" ({obs.title})" if obs.title else "")
+                           + "".join(f"\n{n}" for n in notes) + "\nCurrent screenshot:"))
+        parts.append(image_url_part(obs.screenshot))
+        if cfg.include_elements:
+            parts.append(_text(self.element_list(obs)))
+        parts.append(_text("What is the next action? Write a short thought, then one tool call."))
+        return _end(parts)
+
+    def element_list(self, obs: Observation) -> str:
+        """Returns the page's elements (id, role, name, value, centre in the observation's coordinates)."""
+        cfg, space = self.config, obs.coordinate_space
+        shown = [e for e in obs.elements if e.interactive or e.name.strip()]
+        lines = []
+        for e in shown[:cfg.max_elements]:
+            x, y = space.from_css(e.bbox.center, obs.viewport)
+            name = e.name if len(e.name) <= cfg.max_element_name else e.name[:cfg.max_element_name - 3] + "..."
+            value = f" value={json.dumps(e.value, ensure_ascii=False)}" if e.value else ""
+            lines.append(f"[{e.id}] {e.role} {json.dumps(name, ensure_ascii=False)}{value} at [{x}, {y}]")
+        more = f"\n({len(shown) - cfg.max_elements} more elements not listed)" if len(shown) > cfg.max_elements else ""
+        header = "Page elements (id, role, name, centre coordinate):"
+        return header + ("\n" + "\n".join(lines) if lines else "\n(none)") + more
+
+    @staticmethod
+    def target(thought: str, action_text: str) -> str:
+        """Returns the assistant turn: the thought, then the tool call (what parse_action reads back).
+
+        `action_text` is a tool call as `format_action` writes it (`<tool_call>...</tool_call>`).
+        """
+        call = action_text.strip()
+        if not call.startswith(OPEN) or not call.endswith(CLOSE) or call.count(OPEN) != 1:
+            raise ValueError(f"action_text must be exactly one {OPEN}...{CLOSE} tool call, got {call[:120]!r}")
+        if OPEN in thought or CLOSE in thought:
+            raise ValueError(f"thought must not contain a tool-call tag, got {thought[:120]!r}")
+        thought = thought.strip()
+        return f"{thought}\n{call}" if thought else call
+
+    def reflection_messages(self, req: ReflectionRequest) -> list[dict[str, Any]]:
+        """Returns [system, user] messages asking for a reflection on a failed attempt."""
+        system = ("You review a web agent's failed attempt at a task. Find the step where it went wrong, say what "
+                  "went wrong there and what the agent should do instead on its next attempt. Be concrete (name the "
+                  "element, text or page) and brief: at most four sentences of plain text, no tool calls.")
+        parts: list[dict[str, Any]] = [_text(f"Task: {req.instruction}\nAttempt: {req.attempt}")]
+        if req.earlier_reflections:
+            parts.append(_text("Reflections written after earlier attempts:\n" + "\n".join(
+                f"Reflection {i}: {r.strip()}" for i, r in enumerate(req.earlier_reflections, 1))))
+        if req.steps:
+            parts.append(_text("Steps of this attempt:\n" + "\n".join(
+                f"{_step_text(i, s)}\n  url: {s.url}" for i, s in enumerate(req.steps, 1))))
+        else:
+            parts.append(_text("Steps of this attempt: (none: the attempt ended before its first action)"))
+        first_image = max(len(req.steps) - self.config.reflection_images, 0)
+        for i, step in enumerate(req.steps[first_image:], first_image + 1):
+            parts.append(_text(f"Screenshot before step {i}:"))
+            parts.append(image_url_part(step.screenshot))
+        parts.append(_text(f"Judge's verdict: {req.verdict}\nReason: {req.verdict_reason}\n\n"
+                           "Write the reflection: which step went wrong, what went wrong, and what to do instead."))
+        return [{"role": "system", "content": system}, {"role": "user", "content": _end(parts)}]
+
+
+def _text(text: str) -> dict[str, str]:
+    # The template joins parts with nothing in between; each text part ends its own line.
+    return {"type": "text", "text": text + "\n"}
+
+
+def _end(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Returns parts with the last text part's trailing newline removed (the turn ends there)."""
+    parts[-1] = {"type": "text", "text": parts[-1]["text"].rstrip("\n")}
+    return parts
+
+
+def _step_text(number: int, step: PastStep) -> str:
+    thought = " ".join(step.thought.split()) or "(none)"
+    return f"Step {number}: thought: {thought}\n  action: {action_summary(step.action_text)}"
+
+
+def _observation_notes(obs: Observation) -> list[str]:
+    """Returns lines about what happened since the last observation (a failed action, dialogs, popups)."""
+    notes = []
+    if obs.last_error:
+        notes.append(f"The last action failed: {obs.last_error}")
+    if obs.dialogs:
+        notes.append("Dialogs were dismissed: " + "; ".join(obs.dialogs))
+    if obs.blocked_urls:
+        notes.append("Requests outside the task's sites were blocked: " + ", ".join(obs.blocked_urls[:5]))
+    if obs.popups:
+        notes.append("A popup opened and is now the active page: " + ", ".join(obs.popups[:3]))
+    if obs.refused_downloads:
+        notes.append("Downloads were refused: " + ", ".join(obs.refused_downloads[:3]))
+    return notes

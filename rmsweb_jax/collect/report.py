@@ -1,0 +1,187 @@
+"""The collection report, computed from the store's records alone: report.json, .md and .png.
+
+Figures (a "group" is every attempt of one task with one seed):
+- success@1: share of groups solved on attempt 1; success@<=k: solved within k attempts.
+- yield gain: success@<=K - success@1 (and the ratio).
+- mean steps of solved attempts: first-attempt successes vs retried successes (and, for the
+  retried groups, the steps of their failed first attempt).
+- judge: verdicts, endpoint calls, errors; policy: steps acted, reflections written, tokens.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+from PIL import Image, ImageDraw
+
+from rmsweb_jax.collect.records import FAULT_JUDGE
+from rmsweb_jax.collect.store import StoreError, TrajectoryStore
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 3) if values else None
+
+
+def compute_report(store: TrajectoryStore, attempts: int | None = None) -> dict[str, Any]:
+    """Returns the report's figures computed from `store`'s committed records; `attempts` (K)
+    defaults to the largest attempt stored. Raises StoreError for a store with no records."""
+    groups = store.groups()
+    if not groups:
+        raise StoreError(f"the trajectory store at {store.directory} holds no trajectories to report on")
+    trajectories = [t for group in groups.values() for t in group]
+    k_max = max(t.attempt for t in trajectories)
+    k = max(attempts or k_max, k_max)
+    n = len(groups)
+    solved_at = {a: 0 for a in range(1, k + 1)}
+    first_steps, retried_steps, retried_first_steps = [], [], []
+    by_task: dict[str, dict[str, int]] = {}
+    for (task_id, _), group in sorted(groups.items()):
+        win = next((t for t in group if t.success), None)
+        row = by_task.setdefault(task_id, {"groups": 0, "solved_at_1": 0, "solved": 0, "attempts": 0})
+        row["groups"] += 1
+        row["attempts"] += len(group)
+        if win is None:
+            continue
+        solved_at[win.attempt] += 1
+        row["solved"] += 1
+        if win.attempt == 1:
+            row["solved_at_1"] += 1
+            first_steps.append(win.num_steps)
+        else:
+            retried_steps.append(win.num_steps)
+            retried_first_steps.append(group[0].num_steps)
+    cumulative, total = [], 0
+    for a in range(1, k + 1):
+        total += solved_at[a]
+        cumulative.append(round(total / n, 4))
+    success_1, success_k = cumulative[0], cumulative[-1]
+    judged = [t for t in trajectories if t.verdict.judge != FAULT_JUDGE]
+    return {
+        "tasks": n,
+        "attempts_k": k,
+        "trajectories": len(trajectories),
+        "steps": sum(t.num_steps for t in trajectories),
+        "solved_first": solved_at[1],
+        "solved": sum(solved_at.values()),
+        "solved_at_attempt": {str(a): c for a, c in solved_at.items()},
+        "success_at_1": success_1,
+        "success_at_le_k": {str(a): c for a, c in zip(range(1, k + 1), cumulative)},
+        "success_at_le_K": success_k,
+        "yield_gain": round(success_k - success_1, 4),
+        "yield_ratio": round(success_k / success_1, 4) if success_1 else None,
+        "mean_steps_solved_first_attempt": _mean(first_steps),
+        "mean_steps_solved_retried": _mean(retried_steps),
+        "mean_steps_failed_first_attempt_of_retried": _mean(retried_first_steps),
+        "mean_attempts_per_task": round(len(trajectories) / n, 4),
+        "judge": {
+            "verdicts": len(judged),
+            "endpoint_calls": sum(t.verdict.calls for t in judged),
+            "errors": sum(t.verdict.outcome == "error" for t in judged),
+            "attempts_lost_to_browser_faults": len(trajectories) - len(judged),
+            "names": sorted({t.verdict.judge for t in judged}),
+        },
+        "policy": {
+            "names": sorted({t.policy for t in trajectories}),
+            "steps_acted": sum(t.num_steps for t in trajectories),
+            "reflections_written": sum(len(group[-1].reflections) for group in groups.values()),
+            "parse_errors": sum(t.parse_errors for t in trajectories),
+            "prompt_tokens": sum(t.prompt_tokens for t in trajectories),
+            "completion_tokens": sum(t.completion_tokens for t in trajectories),
+        },
+        "episode_wall_s": round(sum(t.wall_s for t in trajectories), 2),
+        "by_task": by_task,
+    }
+
+
+def write_report(store_dir: str | os.PathLike, out_dir: str | os.PathLike, attempts: int | None = None, *,
+                 name: str = "report", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Returns the report of the store at `store_dir`, written to out_dir/<name>.json, .md and
+    .png. `extra` (e.g. this run's wall time) is added under "run" in the JSON only."""
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with TrajectoryStore(store_dir) as store:
+        report = compute_report(store, attempts)
+    report["store"] = str(pathlib.Path(store_dir))
+    if extra:
+        report["run"] = extra
+    (out_dir / f"{name}.json").write_text(json.dumps(report, indent=2))
+    (out_dir / f"{name}.md").write_text(render_markdown(report))
+    render_plot(report).save(out_dir / f"{name}.png")
+    return report
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:g}"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """Returns the report as markdown (summary table, success by attempt budget, per task)."""
+    k = report["attempts_k"]
+    policy, judge = report["policy"], report["judge"]
+    lines = [
+        "# Collection report", "",
+        f"Store `{report.get('store', '')}`: {report['tasks']} task groups, {report['trajectories']} attempts, "
+        f"{report['steps']} steps. Policy: {', '.join(policy['names'])}; judge: {', '.join(judge['names']) or '—'}.",
+        "", "| figure | value |", "|---|---|",
+        f"| success@1 | {_pct(report['success_at_1'])} ({report['solved_first']}/{report['tasks']}) |",
+        f"| success@≤{k} | {_pct(report['success_at_le_K'])} ({report['solved']}/{report['tasks']}) |",
+        f"| yield gain | {100 * report['yield_gain']:+.1f} points (×{_num(report['yield_ratio'])}) |",
+        f"| mean steps, solved on attempt 1 | {_num(report['mean_steps_solved_first_attempt'])} |",
+        f"| mean steps, solved on a retry | {_num(report['mean_steps_solved_retried'])} |",
+        f"| mean steps, failed first attempt of those | {_num(report['mean_steps_failed_first_attempt_of_retried'])} |",
+        f"| mean attempts per task | {report['mean_attempts_per_task']:g} |",
+        f"| judge verdicts / endpoint calls / errors | {judge['verdicts']} / {judge['endpoint_calls']} / "
+        f"{judge['errors']} |",
+        f"| attempts lost to browser faults | {judge['attempts_lost_to_browser_faults']} |",
+        f"| policy steps / reflections / parse errors | {policy['steps_acted']} / {policy['reflections_written']} / "
+        f"{policy['parse_errors']} |",
+        f"| policy tokens (prompt / completion) | {policy['prompt_tokens']} / {policy['completion_tokens']} |",
+        "", "## Success by attempt budget", "", "| attempts ≤ | success | newly solved |", "|---|---|---|",
+    ]
+    for a, value in report["success_at_le_k"].items():
+        lines.append(f"| {a} | {_pct(value)} | {report['solved_at_attempt'][a]} |")
+    lines += ["", "## Per task", "", "| task | groups | solved@1 | solved@≤K | attempts |", "|---|---|---|---|---|"]
+    for task_id, row in report["by_task"].items():
+        lines.append(f"| {task_id} | {row['groups']} | {row['solved_at_1']} | {row['solved']} | {row['attempts']} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_plot(report: dict[str, Any], size: tuple[int, int] = (840, 360)) -> Image.Image:
+    """Returns a two-panel bar chart: success@<=k per attempt budget k, and mean steps of
+    first-attempt successes, retried successes and the failed first attempts of the latter."""
+    width, height = size
+    img = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(img)
+    half = width // 2
+    _bars(draw, (40, 40, half - 20, height - 50), "success@<=k (%)",
+          [(f"k={a}", 100 * v) for a, v in report["success_at_le_k"].items()], 100.0, (52, 110, 190))
+    steps = [("solved 1st try", report["mean_steps_solved_first_attempt"]),
+             ("solved on retry", report["mean_steps_solved_retried"]),
+             ("its failed 1st try", report["mean_steps_failed_first_attempt_of_retried"])]
+    top = max([v for _, v in steps if v is not None], default=1.0) or 1.0
+    _bars(draw, (half + 40, 40, width - 20, height - 50), "mean steps per attempt", steps, top * 1.15, (70, 150, 90))
+    return img
+
+
+def _bars(draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int], title: str,
+          bars: list[tuple[str, float | None]], top: float, color: tuple[int, int, int]) -> None:
+    x0, y0, x1, y1 = box
+    draw.text((x0, y0 - 28), title, fill="black")
+    draw.line([(x0, y0), (x0, y1), (x1, y1)], fill="black")
+    slot = (x1 - x0) / max(len(bars), 1)
+    for i, (label, value) in enumerate(bars):
+        left = x0 + i * slot + slot * 0.2
+        right = x0 + (i + 1) * slot - slot * 0.2
+        draw.text((left, y1 + 6), label, fill="black")
+        if value is None:
+            draw.text((left, y1 - 16), "n/a", fill="gray")
+            continue
+        bar_top = min(y1 - (y1 - y0) * min(value / top, 1.0), y1 - 1)  # a zero still shows as a line
+        draw.rectangle([left, bar_top, right, y1 - 1], fill=color)
+        draw.text((left, bar_top - 14), f"{value:.1f}", fill="black")

@@ -1,0 +1,256 @@
+"""Reflection-conditioned retries: run each task, judge it, reflect on a failure, try again.
+
+For every (task, seed): attempt 1 runs without reflections; the judge decides; on failure and
+while attempts < K the policy writes a reflection (its own reflector: the teacher's, or the
+model's through its endpoint) and the next attempt runs with every reflection so far. Every
+attempt is recorded. A task group (all its attempts) goes to the store when it is solved or
+out of attempts, so a killed run loses only unfinished groups and a rerun skips finished ones.
+
+Many groups are in flight at once: N browser workers take attempts from one queue (retries
+before new tasks, so open groups close soon), while judging and reflecting run beside them.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import time
+from typing import Any, Sequence
+
+from absl import logging
+from tqdm import tqdm
+
+from rmsweb_jax.agents.policy import Policy, PolicyOutput, ReflectionRequest
+from rmsweb_jax.collect.adapter import AttemptSpec, PolicyBridge, split_turn
+from rmsweb_jax.collect.records import FAULT_JUDGE, StepRecord, TrajectoryRecord, request_id, task_key
+from rmsweb_jax.collect.store import StoreWriter
+from rmsweb_jax.judges.base import ERROR, Judge, JudgeInput, Verdict
+from rmsweb_jax.web.episode import Episode, EpisodeRequest
+from rmsweb_jax.web.pool import AsyncWorkerPool
+from rmsweb_jax.web.suite import Suite
+from rmsweb_jax.web.worker import WorkerConfig
+
+# Queue priorities: retries of open groups first, then new tasks, then the workers' stop signal.
+_RETRY, _NEW, _STOP = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectSummary:
+    """What one run of the collector did (in-memory counts of this run; the report reads the
+    store instead). `skipped` task groups were already in the store."""
+
+    requested: int
+    skipped: int
+    collected: int
+    trajectories: int
+    steps: int
+    solved_first: int
+    solved: int
+    wall_s: float
+    pool_marker: str = ""
+    bridge: dict[str, float] = dataclasses.field(default_factory=dict)
+    policy: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class _Group:
+    task: Any
+    seed: int
+    order: int
+    reflections: tuple[str, ...] = ()
+    attempts: list = dataclasses.field(default_factory=list)  # [(TrajectoryRecord, [StepRecord])]
+
+    @property
+    def next_attempt(self) -> int:
+        return len(self.attempts) + 1
+
+
+class RetryCollector:
+    """Collects trajectories with reflection-conditioned retries into a StoreWriter.
+
+        with StoreWriter(workdir / "store") as store:
+            summary = RetryCollector(suite, policy, judge, store, attempts=3, workers=2).run(tasks, seeds)
+    """
+
+    def __init__(self, suite: Suite, policy: Policy, judge: Judge, store: StoreWriter, *, attempts: int = 3,
+                 workers: int = 2, max_steps: int = 15, worker_config: WorkerConfig | None = None,
+                 batch_window_s: float = 0.02, fallback_wait_s: float = 0.0, pool_max_attempts: int = 3,
+                 progress: bool = True):
+        if attempts < 1:
+            raise ValueError(f"attempts (K) must be >= 1, got {attempts!r}")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers!r}")
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps!r}")
+        self.suite, self.policy, self.judge, self.store = suite, policy, judge, store
+        self.attempts, self.workers, self.max_steps = attempts, workers, max_steps
+        self.worker_config = worker_config
+        self.pool_max_attempts = pool_max_attempts
+        self.progress = progress
+        self.bridge = PolicyBridge(policy, max_batch=workers, window_s=batch_window_s, fallback_wait_s=fallback_wait_s)
+
+    def run(self, tasks: Sequence[Any], seeds: Sequence[int]) -> CollectSummary:
+        """Returns the summary after every (task, seed) not yet in the store is collected."""
+        return asyncio.run(self.run_async(tasks, seeds))
+
+    async def run_async(self, tasks: Sequence[Any], seeds: Sequence[int]) -> CollectSummary:
+        """Returns the summary after every (task, seed) not yet in the store is collected."""
+        started = time.monotonic()
+        # One group per (task id, seed), in the order given; repeats would collide in the store.
+        pairs = list({task_key(_task_id(t), s): (t, int(s)) for t in tasks for s in seeds}.values())
+        finished = self.store.finished_task_keys()
+        todo = [_Group(task, seed, i) for i, (task, seed) in enumerate(pairs)
+                if task_key(_task_id(task), seed) not in finished]
+        self._counts = {"collected": 0, "trajectories": 0, "steps": 0, "solved_first": 0, "solved": 0}
+        marker = ""
+        if todo:
+            logging.info("collect: %d task groups to run, %d already in the store %s", len(todo),
+                         len(pairs) - len(todo), self.store.directory)
+            marker = await self._collect(todo)
+        else:
+            logging.info("collect: all %d task groups are already in the store %s", len(pairs), self.store.directory)
+        self.store.flush()
+        return CollectSummary(requested=len(pairs), skipped=len(pairs) - len(todo), wall_s=time.monotonic() - started,
+                              pool_marker=marker, bridge=self.bridge.stats(), policy=dict(self.policy.stats()),
+                              **self._counts)
+
+    async def _collect(self, groups: list[_Group]) -> str:
+        queue: asyncio.PriorityQueue = asyncio.PriorityQueue()
+        counter = itertools.count()
+        for group in groups:
+            queue.put_nowait((_NEW, group.order, next(counter), group))
+        self._open = len(groups)
+        self._bar = tqdm(total=len(groups), desc="collect", unit="task", disable=not self.progress, dynamic_ncols=True)
+        self._started = time.monotonic()
+        pool = AsyncWorkerPool(self.suite, self.workers, self.worker_config, max_attempts=self.pool_max_attempts)
+        # The marker finds this run's browsers in /proc (cleanup after a kill -9 of this process).
+        logging.info("collect: browser pool marker %s (%d workers)", pool.marker, self.workers)
+        try:
+            async with pool:
+                async with asyncio.TaskGroup() as tg:
+                    flusher = tg.create_task(self._flush_periodically())
+                    workers = [tg.create_task(self._serve(slot, pool, queue, counter, tg))
+                               for slot in range(self.workers)]
+                    await asyncio.gather(*workers)
+                    flusher.cancel()
+        except BaseExceptionGroup as group:  # the first real error, not the group wrapper
+            errors = [e for e in group.exceptions if not isinstance(e, asyncio.CancelledError)]
+            raise (errors or list(group.exceptions))[0] from None
+        finally:
+            self._bar.close()
+        return pool.marker
+
+    async def _serve(self, slot: int, pool: AsyncWorkerPool, queue: asyncio.PriorityQueue, counter, tg) -> None:
+        while True:
+            priority, _, _, group = await queue.get()
+            if priority == _STOP:
+                return
+            attempt = group.next_attempt
+            rid = request_id(_task_id(group.task), group.seed, attempt)
+            self.bridge.begin(rid, AttemptSpec(attempt=attempt, reflections=group.reflections))
+            request = EpisodeRequest(task=group.task, seed=group.seed, max_steps=self.max_steps, request_id=rid)
+            try:
+                episode = await pool.run_episode(slot, request, self.bridge)
+            finally:
+                outputs = self.bridge.end(rid)
+            tg.create_task(self._after(group, episode, outputs, queue, counter))
+
+    async def _after(self, group: _Group, episode: Episode, outputs: dict[int, PolicyOutput],
+                     queue: asyncio.PriorityQueue, counter) -> None:
+        """Judges one finished attempt; then commits the group or queues the next attempt."""
+        attempt = group.next_attempt
+        steps = _step_records(group, attempt, episode, outputs)
+        past = tuple(s.past_step() for s in steps)
+        final = episode.observations[-1] if episode.observations else None
+        last = episode.actions[-1] if episode.actions else None
+        final_answer = last.text if last is not None and last.name == "answer" else None
+        if episode.complete:
+            # Cut off at max_steps before the suite said anything: unsolved, not undecidable.
+            suite_success = False if episode.success is None and episode.truncated else episode.success
+            verdict = await asyncio.to_thread(self.judge.judge, JudgeInput(
+                task=group.task, instruction=episode.instruction, steps=past,
+                final_screenshot=None if final is None else final.screenshot, final_answer=final_answer,
+                reward=episode.reward, suite_success=suite_success))
+            if not isinstance(verdict, Verdict):
+                raise TypeError(f"judge {self.judge.name!r} returned {type(verdict).__name__}; expected a Verdict")
+        else:  # every run of the attempt hit a browser fault: nothing the policy did to judge
+            verdict = Verdict(outcome=ERROR, reason=f"browser faults: {'; '.join(episode.faults)}", judge=FAULT_JUDGE)
+        group.attempts.append((_trajectory_record(group, attempt, episode, steps, verdict, final, final_answer,
+                                                  self.policy.name, self.judge.name), steps))
+        self._counts["trajectories"] += 1
+        self._counts["steps"] += len(steps)
+        if verdict.success or attempt >= self.attempts:
+            self._commit(group, verdict.success, attempt)
+            if self._open == 0:
+                for _ in range(self.workers):
+                    queue.put_nowait((_STOP, 0, next(counter), None))
+            return
+        if episode.complete:  # a fault-only attempt gets a rerun, not a reflection
+            reflection = await self.bridge.reflect(ReflectionRequest(
+                task_id=_task_id(group.task), instruction=episode.instruction, attempt=attempt, steps=past,
+                verdict=verdict.outcome, verdict_reason=verdict.reason, earlier_reflections=group.reflections,
+                key=request_id(_task_id(group.task), group.seed, attempt)))
+            group.reflections = (*group.reflections, reflection)
+        queue.put_nowait((_RETRY, group.order, next(counter), group))
+
+    def _commit(self, group: _Group, solved: bool, attempt: int) -> None:
+        self.store.add_group(group.attempts)
+        self._open -= 1
+        counts = self._counts
+        counts["collected"] += 1
+        counts["solved"] += solved
+        counts["solved_first"] += solved and attempt == 1
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        self._bar.set_postfix({"yield@1": f"{counts['solved_first'] / counts['collected']:.2f}",
+                               "yield": f"{counts['solved'] / counts['collected']:.2f}",
+                               "steps/s": f"{counts['steps'] / elapsed:.1f}"}, refresh=False)
+        self._bar.update(1)
+
+    async def _flush_periodically(self) -> None:
+        # Groups that finish slowly still reach disk within flush_every_s.
+        while True:
+            await asyncio.sleep(1.0)
+            self.store.maybe_flush()
+
+
+def _task_id(task: Any) -> str:
+    return str(getattr(task, "id", task))
+
+
+def _step_records(group: _Group, attempt: int, episode: Episode, outputs: dict[int, PolicyOutput]) -> list[StepRecord]:
+    rid = request_id(_task_id(group.task), group.seed, attempt)
+    records = []
+    for i, action in enumerate(episode.actions):
+        if i not in outputs:
+            raise RuntimeError(f"{rid}: the policy bridge has no turn recorded for step {i}")
+        out, obs, after = outputs[i], episode.observations[i], episode.observations[i + 1]
+        thought, action_text = split_turn(out)
+        records.append(StepRecord(
+            task_id=_task_id(group.task), seed=group.seed, attempt=attempt, request_id=rid, step=i,
+            instruction=episode.instruction, screenshot=obs.screenshot, url=obs.url, title=obs.title,
+            viewport=tuple(obs.viewport), screenshot_size=tuple(obs.screenshot_size), coordinates=obs.coordinates,
+            elements=obs.elements, focused_id=obs.focused_id, last_error=obs.last_error, text=out.text,
+            thought=thought, action_text=action_text, action=action, parse_error=out.error,
+            exec_error=after.last_error, prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens))
+    return records
+
+
+def _trajectory_record(group: _Group, attempt: int, episode: Episode, steps: list[StepRecord], verdict: Verdict,
+                       final, final_answer: str | None, policy: str, judge: str) -> TrajectoryRecord:
+    task = group.task
+    return TrajectoryRecord(
+        task_id=_task_id(task), seed=group.seed, attempt=attempt,
+        request_id=request_id(_task_id(task), group.seed, attempt),
+        task=task.to_dict() if hasattr(task, "to_dict") else {"id": _task_id(task)},
+        instruction=episode.instruction, reflections=group.reflections, verdict=verdict, success=verdict.success,
+        reward=episode.reward, suite_success=episode.success, num_steps=len(steps), status=episode.status,
+        end_reason=episode.reason, done=episode.done, truncated=episode.truncated, faults=tuple(episode.faults),
+        final_url="" if final is None else final.url, final_screenshot=None if final is None else final.screenshot,
+        final_answer=final_answer, wall_s=episode.wall_s, finished_at=time.time(), policy=policy,
+        judge=verdict.judge or judge, prompt_tokens=sum(s.prompt_tokens for s in steps),
+        completion_tokens=sum(s.completion_tokens for s in steps),
+        parse_errors=sum(s.parse_error is not None for s in steps))

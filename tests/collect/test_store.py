@@ -1,0 +1,203 @@
+"""Records and the trajectory store: round trips, schema errors, crash leftovers, Grain, SFTView."""
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import grain
+import grain.python as gp
+import msgpack
+import pytest
+
+from rmsweb_jax.collect.records import SCHEMA_VERSION, SchemaError, StepRecord, TrajectoryRecord, decode_record
+from rmsweb_jax.collect.sft_view import SFTView
+from rmsweb_jax.collect.store import (STEPS, STORE_FILE, TMP_PREFIX, TRAJECTORIES, StoreError, StoreWriter,
+                                      TrajectoryStore, _write_shard, shard_name)
+from rmsweb_jax.web.action_text import parse_action
+from tests.collect.groups import group
+
+
+def _strip_location(traj):
+    import dataclasses
+    return dataclasses.replace(traj, steps_shard="", steps_start=0)
+
+
+def test_records_round_trip_bytes_stay_raw():
+    (traj, steps), = group("t", 3, solved_at=1, attempts=1)
+    for rec in (*steps, traj):
+        data = rec.to_bytes()
+        back = type(rec).from_bytes(data)
+        assert back == rec
+        assert decode_record(data) == rec
+    raw = msgpack.unpackb(steps[0].to_bytes(), raw=False)
+    assert raw["schema"] == SCHEMA_VERSION and raw["kind"] == "step"
+    assert isinstance(raw["screenshot"], bytes) and raw["screenshot"].startswith(b"\x89PNG")
+    # The stored target survived: the click at (312, 625) of a 160x120 page lands on Submit.
+    assert steps[0].target.element.name == "Submit"
+    assert parse_action(steps[0].text).action == steps[0].action.with_target(None)
+
+
+def test_schema_version_and_kind_errors_name_what_was_found():
+    (traj, steps), = group("t", 0, solved_at=1, attempts=1)
+    d = msgpack.unpackb(steps[0].to_bytes(), raw=False)
+    d["schema"] = SCHEMA_VERSION + 98
+    with pytest.raises(SchemaError, match=rf"schema version {SCHEMA_VERSION + 98}.*reads version {SCHEMA_VERSION}"):
+        StepRecord.from_bytes(msgpack.packb(d, use_bin_type=True))
+    with pytest.raises(SchemaError, match="kind is 'trajectory'; expected 'step'"):
+        StepRecord.from_bytes(traj.to_bytes())
+    d = msgpack.unpackb(traj.to_bytes(), raw=False)
+    del d["verdict"]
+    with pytest.raises(SchemaError, match="verdict"):
+        TrajectoryRecord.from_bytes(msgpack.packb(d, use_bin_type=True))
+    with pytest.raises(SchemaError, match="not a store record"):
+        decode_record(b"\x00\x01garbage")
+
+
+def test_store_round_trip_flushes_and_reopen(tmp_path):
+    groups = [group(f"task{i}", i % 2, solved_at=[1, 2, None, 3][i % 4]) for i in range(5)]
+    with StoreWriter(tmp_path / "store", flush_every_tasks=2, flush_every_s=3600) as store:
+        for g in groups:
+            store.add_group(g)
+        assert store.committed_flushes() == [1, 2] and store.buffered_tasks == 1
+        assert len(store.finished_task_keys()) == 5
+    reader = TrajectoryStore(tmp_path / "store")
+    assert reader.committed_flushes() == [1, 2, 3]
+    want = [traj for g in groups for traj, _ in g]
+    got = list(reader.trajectories())
+    assert [_strip_location(t) for t in got] == want
+    steps_by_id = {traj.request_id: steps for g in groups for traj, steps in g}
+    for traj in got:
+        assert reader.steps(traj) == steps_by_id[traj.request_id]
+    assert reader.counts() == {"tasks": 5, "trajectories": len(want), "successful_trajectories": 4,
+                               "steps": sum(len(s) for s in steps_by_id.values()), "flushes": 3}
+    assert reader.finished_task_keys() == {(f"task{i}", i % 2) for i in range(5)}
+    # Reopening for writing continues the numbering and refuses a group already stored.
+    with StoreWriter(tmp_path / "store", flush_every_tasks=1) as store:
+        with pytest.raises(ValueError, match=r"already in the store"):
+            store.add_group(groups[0])
+        store.add_group(group("task9", 0, solved_at=1))
+        assert store.committed_flushes() == [1, 2, 3, 4]
+
+
+def test_group_checks_and_single_writer(tmp_path):
+    with StoreWriter(tmp_path / "s") as store:
+        g = group("a", 0, solved_at=2)
+        with pytest.raises(ValueError, match="attempt 1 is numbered 2"):
+            store.add_group(g[1:])
+        with pytest.raises(StoreError, match="another process is writing"):
+            StoreWriter(tmp_path / "s")
+    StoreWriter(tmp_path / "s").close()  # the lock went with the first writer
+
+
+def test_crash_leftovers_are_removed_on_open(tmp_path):
+    root = tmp_path / "store"
+    with StoreWriter(root, flush_every_tasks=1) as store:
+        store.add_group(group("kept", 0, solved_at=1))
+    # A flush that died between its steps shard and its trajectories shard, and one that died
+    # while writing a temp file.
+    orphan = group("lost", 0, solved_at=1)
+    _write_shard(root / shard_name(STEPS, 2), (s.to_bytes() for _, steps in orphan for s in steps))
+    (root / (TMP_PREFIX + shard_name(TRAJECTORIES, 2))).write_bytes(b"half a shard")
+    reader = TrajectoryStore(root)
+    assert reader.finished_task_keys() == {("kept", 0)}  # readers never see uncommitted flushes
+    assert [p.name for p in reader.step_shards()] == [shard_name(STEPS, 1)]
+    with StoreWriter(root) as store:
+        assert store.removed_orphans == [TMP_PREFIX + shard_name(TRAJECTORIES, 2), shard_name(STEPS, 2)]
+        store.add_group(orphan)
+    assert sorted(os.listdir(root)) == sorted([".lock", STORE_FILE, shard_name(STEPS, 1), shard_name(TRAJECTORIES, 1),
+                                               shard_name(STEPS, 2), shard_name(TRAJECTORIES, 2)])
+    assert TrajectoryStore(root).finished_task_keys() == {("kept", 0), ("lost", 0)}
+
+
+def test_killed_writer_leaves_only_whole_flushes(tmp_path):
+    """A real SIGKILL in the middle of a flush (between the steps and trajectories renames)."""
+    root = tmp_path / "store"
+    script = textwrap.dedent(f"""
+        import os, signal
+        from rmsweb_jax.collect import store as store_mod
+        from tests.collect.groups import group
+        w = store_mod.StoreWriter({str(root)!r}, flush_every_tasks=2)
+        w.add_group(group("a", 0, solved_at=1)); w.add_group(group("b", 0, solved_at=2))
+        real = store_mod._write_shard
+        def dying(path, records):
+            real(path, records)
+            if path.name.startswith("steps-000002"):
+                os.kill(os.getpid(), signal.SIGKILL)
+        store_mod._write_shard = dying
+        w.add_group(group("c", 0, solved_at=None)); w.add_group(group("d", 0, solved_at=3))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=os.getcwd(), capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    assert (root / shard_name(STEPS, 2)).exists() and not (root / shard_name(TRAJECTORIES, 2)).exists()
+    with StoreWriter(root) as store:
+        assert store.removed_orphans == [shard_name(STEPS, 2)]
+        assert store.finished_task_keys() == {("a", 0), ("b", 0)}
+
+
+def test_grain_reads_the_shards(tmp_path):
+    groups = [group(f"g{i}", 0, solved_at=1 + i % 3) for i in range(4)]
+    with StoreWriter(tmp_path, flush_every_tasks=3) as store:
+        for g in groups:
+            store.add_group(g)
+    reader = TrajectoryStore(tmp_path)
+    steps_src = gp.ArrayRecordDataSource([str(p) for p in reader.step_shards()])
+    traj_src = gp.ArrayRecordDataSource([str(p) for p in reader.trajectory_shards()])
+    all_steps = [s for g in groups for _, steps in g for s in steps]
+    assert len(steps_src) == len(all_steps) and len(traj_src) == sum(len(g) for g in groups)
+    ds = grain.MapDataset.source(steps_src).map(StepRecord.from_bytes)
+    assert sorted((s.request_id, s.step) for s in ds) == sorted((s.request_id, s.step) for s in all_steps)
+    assert {t.request_id for t in grain.MapDataset.source(traj_src).map(TrajectoryRecord.from_bytes)} == \
+        {t.request_id for g in groups for t, _ in g}
+
+
+def test_sft_view_successful_steps_only_without_reflections(tmp_path):
+    groups = [group("solved1", 0, solved_at=1), group("solved3", 0, solved_at=3, parse_error_at=(3, 1), steps=3),
+              group("never", 0, solved_at=None), group("solved2", 1, solved_at=2)]
+    with StoreWriter(tmp_path, flush_every_tasks=2) as store:
+        for g in groups:
+            store.add_group(g)
+    view = SFTView(tmp_path)
+    winners = {t.request_id: steps for g in groups for t, steps in g if t.success}
+    expected = [(rid, s.step) for rid, steps in winners.items() for s in steps if s.parse_error is None]
+    assert len(view) == len(expected) == 2 + 2 + 2  # the bad turn of solved3@3 is no target
+    assert view.num_trajectories == 3
+    seen = []
+    for i in range(len(view)):
+        ex = view[i]
+        seen.append((ex.request_id, ex.step.step))
+        assert ex.request_id in winners
+        want = winners[ex.request_id]
+        assert ex.step == want[ex.step.step]
+        assert ex.history == tuple(s.past_step() for s in want[:ex.step.step])
+        assert ex.target_text == ex.step.text and ex.target_action_text.startswith("<tool_call>")
+        ctx = ex.context()
+        assert ctx.reflections == () and ctx.attempt == 1 and ctx.instruction == ex.instruction
+        assert ctx.observation.screenshot == ex.step.screenshot
+        # No field of the example carries a reflection, though the winning attempts had them.
+        assert "reflection" not in repr(ex)
+    assert sorted(seen) == sorted(expected)
+    assert any(ex.attempt > 1 for ex in (view[i] for i in range(len(view))))
+    clone = pickle.loads(pickle.dumps(view))
+    assert len(clone) == len(view) and clone[len(view) - 1] == view[-1]
+    batches = list(grain.MapDataset.source(view).map(lambda ex: ex.step.step).batch(4))
+    assert sum(len(b) for b in batches) == len(view)
+
+
+def test_sft_view_and_reader_errors_name_the_path(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(StoreError, match=str(missing)):
+        SFTView(missing)
+    with pytest.raises(StoreError, match=str(missing)):
+        TrajectoryStore(missing)
+    StoreWriter(tmp_path / "empty").close()
+    with pytest.raises(StoreError, match=rf"{tmp_path / 'empty'} holds no trajectories"):
+        SFTView(tmp_path / "empty")
+    with StoreWriter(tmp_path / "failed", flush_every_tasks=1) as store:
+        store.add_group(group("x", 0, solved_at=None))
+    with pytest.raises(StoreError, match="3 trajectories, 0 successful"):
+        SFTView(tmp_path / "failed")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / STORE_FILE).write_text('{"schema_version": 0}')
+    with pytest.raises(StoreError, match=f"schema version 0; this code reads version {SCHEMA_VERSION}"):
+        TrajectoryStore(tmp_path / "old")

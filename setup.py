@@ -7,6 +7,8 @@ INSTALL_REQUIRES = [
     "optax",
     "orbax-checkpoint",
     "grain",
+    "array-record",  # trajectory store shards (also a grain dependency; imported directly)
+    "msgpack",  # trajectory store records (also a flax dependency; imported directly)
     "transformers",
     "playwright",
     "miniwob",  # MiniWoB++ task pages (html/); its selenium/gymnasium deps are unused here
@@ -17,6 +19,7 @@ INSTALL_REQUIRES = [
     "numpy",
     "pillow",
     "tqdm",
+    "tensorboardX",  # training metrics as TensorBoard event files (rmsweb_jax/train/metrics.py)
     "jinja2",  # chat templates (apply_chat_template); CPU installs only got it through torch
 ]
 

@@ -27,4 +27,100 @@ def base_config() -> ml_collections.ConfigDict:
     c.smoke.temperature = 0.0
     c.smoke.min_pixels = 16384
     c.smoke.max_pixels = 65536
+
+    # Reflection-conditioned retries (stage "collect"; rmsweb_jax/stages/collect.py).
+    c.collect = ml_collections.ConfigDict()
+    c.collect.suite = "miniwob"           # miniwob | webvoyager | online_mind2web | webtailbench (live: the open web)
+    c.collect.tasks = ""                  # comma-separated task ids; "" = the teacher's task types (miniwob) or
+                                          # every task of task_list (live suites)
+    c.collect.task_list = ""              # the suite's task file: miniwob_tasks.csv (optional), or the benchmark's
+                                          # .jsonl/.json (required for live suites; none ships with rmsweb_jax)
+    c.collect.reference_answers = ""      # webvoyager only: reference_answer.json, stored with each task
+    c.collect.limit = 0                   # at most this many of the selected tasks; 0 = all
+    c.collect.first_seed = 0
+    c.collect.num_seeds = 2               # seeds first_seed .. first_seed + num_seeds - 1 per task (live sites
+                                          # cannot be seeded: there each seed is one more independent run)
+    c.collect.attempts = 3                # K: attempt 1 + up to K-1 reflection-conditioned retries
+    c.collect.workers = 2                 # browser workers (and the policy's batch size)
+    c.collect.max_steps = 15              # click-checkboxes-large needs up to 12 moves; live tasks want ~30
+    c.collect.episode_time_limit_s = 0.0  # MiniWoB++'s in-page time limit; 0 = none
+    c.collect.step_timeout_s = 15.0
+    c.collect.viewport = (1280, 720)      # live suites' browser viewport (MiniWoB++ pages set their own)
+    c.collect.extra_hosts = ""            # live suites: comma-separated hosts added to every task's allowlist
+    c.collect.policy = "teacher"          # teacher (miniwob only) | flax:<model spec> | http:<base_url>#<model>;
+                                          # the reflector is the policy's own reflect()
+    c.collect.judge = ""                  # "" = the suite's official judge: programmatic (miniwob), webvoyager,
+                                          # webjudge (online_mind2web), webtailbench — the LLM ones need an endpoint:
+                                          # "<base_url>#<model>" (official judge) or "<judge>:<base_url>#<model>";
+                                          # programmatic is refused on live suites. A judge error ends its task
+                                          # group unsolved (no reflection), counted in the report.
+    c.collect.judge_api_key_env = ""      # env var holding the judge endpoint's API key ("" = none)
+    c.collect.judge_screenshots = 0       # screenshots an LLM judge sees: webvoyager/webtailbench the last k,
+                                          # webjudge at most k kept; 0 = the judge's default (3, 3, 50)
+    c.collect.api_key_env = ""            # env var holding the http policy endpoint's API key ("" = none)
+    c.collect.max_new_tokens = 256
+    c.collect.temperature = 0.0
+    c.collect.teacher = ml_collections.ConfigDict()  # ScriptedTeacher's injected mistakes (per step)
+    c.collect.teacher.wrong_element_p = 0.15
+    c.collect.teacher.detour_p = 0.15
+    c.collect.teacher.early_stop_p = 0.08
+    c.collect.teacher.seed = 0
+    c.collect.store_dir = ""              # "" = <workdir>/store
+    c.collect.flush_every_tasks = 8       # task groups per committed shard pair
+    c.collect.flush_every_s = 30.0
+    c.collect.batch_window_s = 0.02       # how long a policy batch waits for more workers' steps
+    c.collect.progress = True
+
+    # The shared trainer (rmsweb_jax/train/): SFT and Salvage-DS stages read this block.
+    c.train = ml_collections.ConfigDict()
+    c.train.batch_size = 8                # global rows per step; divisible by microbatches x mesh data*fsdp
+    c.train.microbatches = 1              # gradient accumulation: microbatches scanned per step
+    c.train.loss_impl = "auto"            # auto | chunked | reference | pallas | pallas_interpret (token log-probs)
+    c.train.export_hf = True              # write <workdir>/<stage>/hf (to_hf) at the end
+    c.train.optimizer = ml_collections.ConfigDict()
+    c.train.optimizer.lr = 1e-5
+    c.train.optimizer.warmup_steps = 10
+    c.train.optimizer.total_steps = 100   # also the run's length
+    c.train.optimizer.end_lr_fraction = 0.0
+    c.train.optimizer.weight_decay = 0.0
+    c.train.optimizer.b1 = 0.9
+    c.train.optimizer.b2 = 0.999
+    c.train.optimizer.eps = 1e-8
+    c.train.optimizer.clip_norm = 1.0     # global-norm clipping; <= 0 disables
+    c.train.checkpoint = ml_collections.ConfigDict()
+    c.train.checkpoint.every_steps = 50
+    c.train.checkpoint.keep = 3
+    c.train.checkpoint.async_save = True
+    c.train.metrics = ml_collections.ConfigDict()
+    c.train.metrics.every_steps = 10
+    c.train.metrics.peak_tflops = 0.0     # per device; 0 = known accelerator table, or measured on CPU
+
+    # Stage "train_smoke": the trainer on deterministic synthetic batches (tests, demo).
+    c.train_smoke = ml_collections.ConfigDict()
+    c.train_smoke.examples = 8
+    c.train_smoke.seq_len = 32
+    c.train_smoke.seed = 0
+
+    # The SFT data pipeline (stage "sft"; rmsweb_jax/data/sft.py): store -> prompts -> batches.
+    c.data = ml_collections.ConfigDict()
+    c.data.store_dir = ""                 # "" = <workdir>/store (what the collect stage wrote)
+    c.data.mask = "thought_and_action"    # loss on the thought + tool call, or "action_only" (tool call)
+    c.data.batching = "bucket"            # bucket: one example per row, padded to a bucket | pack: segment ids
+    c.data.buckets = (2048, 4096, 8192)   # row lengths in tokens (pack: rows of the largest)
+    c.data.bucket_patches = (4096, 8192, 16384)  # image patch rows per batch row, per bucket (x4 = merge^2 each)
+    c.data.too_long = "error"             # an example no bucket holds: error | drop (counted, logged)
+    c.data.seed = 0                       # shuffle seed; every epoch is reshuffled
+    c.data.held_out_fraction = 0.0        # task groups (task id, seed) held out for action_accuracy
+    c.data.split_seed = 0
+    c.data.worker_count = 0               # Grain worker processes (0 = in the training process)
+    c.data.worker_buffer_size = 2         # batches each worker keeps ready
+    c.data.read_threads = 1               # threads encoding examples in each process
+    c.data.read_buffer_size = 8
+
+    # Stage "action_accuracy": greedy per-step action accuracy of a policy on held-out steps.
+    c.action_accuracy = ml_collections.ConfigDict()
+    c.action_accuracy.checkpoint = ""     # "" = hf:<workdir>/sft/hf (the sft stage's export); or hf:/path
+    c.action_accuracy.max_examples = 0    # 0 = every held-out step
+    c.action_accuracy.batch_size = 8      # prompts per generate call
+    c.action_accuracy.max_new_tokens = 128
     return c

@@ -20,8 +20,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def stage_table():
     """Returns {stage name: run(config, workdir)}; imported lazily so `--help` stays fast."""
-    from rmsweb_jax.stages import model_smoke
-    return {"model": model_smoke.run}
+    from rmsweb_jax.stages import action_accuracy, collect, model_smoke, sft, train_smoke
+    return {"model": model_smoke.run, "collect": collect.run, "train_smoke": train_smoke.run, "sft": sft.run,
+            "action_accuracy": action_accuracy.run}
 
 
 def run_stages(config, workdir: str | pathlib.Path) -> None:

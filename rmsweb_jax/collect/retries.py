@@ -8,6 +8,14 @@ out of attempts, so a killed run loses only unfinished groups and a rerun skips 
 
 Many groups are in flight at once: N browser workers take attempts from one queue (retries
 before new tasks, so open groups close soon), while judging and reflecting run beside them.
+
+The judge sees the whole attempt (JudgeInput): every step's screenshot, URL, thought and action
+text, the page after the last action, and the final answer (the text of a closing `answer`).
+A judge that cannot decide (endpoint down, unparseable verdict, or a judge that raises) gives
+an error verdict: never a success, and it ends the group unsolved, with no reflection and no
+retry. A reflection on an undecided attempt would tell the policy it failed when it may not
+have, and an endpoint that is down would fail the retry's judgement too; the attempt is
+stored with its error verdict and the report counts the judge errors.
 """
 from __future__ import annotations
 
@@ -47,6 +55,7 @@ class CollectSummary:
     solved_first: int
     solved: int
     wall_s: float
+    judge_errors: int = 0  # attempts the judge could not decide (each ended its group unsolved)
     pool_marker: str = ""
     bridge: dict[str, float] = dataclasses.field(default_factory=dict)
     policy: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -105,7 +114,8 @@ class RetryCollector:
         finished = self.store.finished_task_keys()
         todo = [_Group(task, seed, i) for i, (task, seed) in enumerate(pairs)
                 if task_key(_task_id(task), seed) not in finished]
-        self._counts = {"collected": 0, "trajectories": 0, "steps": 0, "solved_first": 0, "solved": 0}
+        self._counts = {"collected": 0, "trajectories": 0, "steps": 0, "solved_first": 0, "solved": 0,
+                        "judge_errors": 0}
         marker = ""
         if todo:
             logging.info("collect: %d task groups to run, %d already in the store %s", len(todo),
@@ -171,19 +181,19 @@ class RetryCollector:
         if episode.complete:
             # Cut off at max_steps before the suite said anything: unsolved, not undecidable.
             suite_success = False if episode.success is None and episode.truncated else episode.success
-            verdict = await asyncio.to_thread(self.judge.judge, JudgeInput(
+            verdict = await self._judge(JudgeInput(
                 task=group.task, instruction=episode.instruction, steps=past,
                 final_screenshot=None if final is None else final.screenshot, final_answer=final_answer,
-                reward=episode.reward, suite_success=suite_success))
-            if not isinstance(verdict, Verdict):
-                raise TypeError(f"judge {self.judge.name!r} returned {type(verdict).__name__}; expected a Verdict")
+                reward=episode.reward, suite_success=suite_success), episode.request.request_id)
         else:  # every run of the attempt hit a browser fault: nothing the policy did to judge
             verdict = Verdict(outcome=ERROR, reason=f"browser faults: {'; '.join(episode.faults)}", judge=FAULT_JUDGE)
+        judge_error = episode.complete and verdict.outcome == ERROR
         group.attempts.append((_trajectory_record(group, attempt, episode, steps, verdict, final, final_answer,
                                                   self.policy.name, self.judge.name), steps))
         self._counts["trajectories"] += 1
         self._counts["steps"] += len(steps)
-        if verdict.success or attempt >= self.attempts:
+        self._counts["judge_errors"] += judge_error
+        if verdict.success or attempt >= self.attempts or judge_error:  # see the module docstring
             self._commit(group, verdict.success, attempt)
             if self._open == 0:
                 for _ in range(self.workers):
@@ -196,6 +206,21 @@ class RetryCollector:
                 key=request_id(_task_id(group.task), group.seed, attempt)))
             group.reflections = (*group.reflections, reflection)
         queue.put_nowait((_RETRY, group.order, next(counter), group))
+
+    async def _judge(self, attempt: JudgeInput, rid: str) -> Verdict:
+        """Returns the judge's verdict on `attempt`; an error verdict when the judge raises (a
+        judge bug or an endpoint failure it did not catch must not end the whole run)."""
+        try:
+            verdict = await asyncio.to_thread(self.judge.judge, attempt)
+        except Exception as e:  # noqa: BLE001 — recorded in the verdict and logged, not swallowed
+            logging.warning("collect: judge %r raised on %s: %s: %s", self.judge.name, rid, type(e).__name__, e)
+            return Verdict(outcome=ERROR, reason=f"judge raised {type(e).__name__}: {e}", judge=self.judge.name)
+        if not isinstance(verdict, Verdict):
+            raise TypeError(f"judge {self.judge.name!r} returned {type(verdict).__name__}; expected a Verdict")
+        if verdict.outcome == ERROR:
+            logging.warning("collect: judge %r could not decide %s (the group ends unsolved): %s", self.judge.name,
+                            rid, verdict.reason)
+        return verdict
 
     def _commit(self, group: _Group, solved: bool, attempt: int) -> None:
         self.store.add_group(group.attempts)

@@ -2,12 +2,31 @@
 
     python -m rmsweb_jax.main --config=configs/demo.py --config.stages=collect --workdir=/tmp/run
 
+    # a live benchmark: your task file, your policy endpoint, the benchmark's judge on a VLM endpoint
+    python -m rmsweb_jax.main --config=configs/demo.py --config.stages=collect --workdir=/tmp/wv \
+        --config.collect.suite=webvoyager --config.collect.task_list=/data/WebVoyager_data.jsonl \
+        --config.collect.limit=20 --config.collect.max_steps=30 --config.collect.num_seeds=1 \
+        --config.collect.policy=http:http://127.0.0.1:8000/v1#qwen3-vl-8b \
+        --config.collect.judge=http://judge.example:8000/v1#qwen3-vl-32b --config.collect.judge_api_key_env=JUDGE_KEY
+
+Suites: `miniwob` (local pages, programmatic judge by default, the ScriptedTeacher may play) and
+the live benchmarks `webvoyager`, `online_mind2web`, `webtailbench`: tasks from the benchmark's
+task file (collect.task_list; none ships with rmsweb_jax), run on the open web, judged by an LLM
+judge over an OpenAI-compatible endpoint — by default the benchmark's official one (OFFICIAL_JUDGES;
+collect.judge = "<base_url>#<model>"), or another named ("webjudge:<base_url>#<model>"). The
+programmatic judge cannot judge a live suite (live sites report no reward) and is refused, as is
+the teacher (it only knows MiniWoB++). The reflector is the policy's own `reflect()`. A judge
+that cannot decide (endpoint down, unparseable reply) records an error verdict and ends that
+task group unsolved, without a reflection (see rmsweb_jax/collect/retries.py); the report counts
+judge errors. Such a group is committed like any other, so a rerun over the same store skips it.
+
 Reads config.collect (see configs/common.py). Writes workdir/store (or collect.store_dir) and
 workdir/collect_report.{json,md,png}. Rerunning with the same store resumes: task groups
 already committed are skipped, so a killed run loses at most the groups still in flight.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 
@@ -20,7 +39,11 @@ from rmsweb_jax.suites.task import Task
 from rmsweb_jax.web.worker import WorkerConfig
 
 REPORT_NAME = "collect_report"
-SUITES = ("miniwob",)
+SUITES = ("miniwob", "webvoyager", "online_mind2web", "webtailbench")
+LIVE_SUITES = ("webvoyager", "online_mind2web", "webtailbench")
+# The judge each benchmark's published numbers use; collect.judge = "<base_url>#<model>" picks it.
+OFFICIAL_JUDGES = {"miniwob": "programmatic", "webvoyager": "webvoyager", "online_mind2web": "webjudge",
+                   "webtailbench": "webtailbench"}
 
 
 def _endpoint(spec: str, what: str) -> tuple[str, str]:
@@ -31,12 +54,12 @@ def _endpoint(spec: str, what: str) -> tuple[str, str]:
     return base_url, model
 
 
-def _api_key(cfg) -> str | None:
-    name = cfg.get("api_key_env", "")
+def _api_key(cfg, field: str = "api_key_env") -> str | None:
+    name = cfg.get(field, "")
     if not name:
         return None
     if name not in os.environ:
-        raise ValueError(f"collect.api_key_env names ${name}, which is not set")
+        raise ValueError(f"collect.{field} names ${name}, which is not set")
     return os.environ[name]
 
 
@@ -52,6 +75,9 @@ def make_policy(config, workdir: pathlib.Path, task_ids: list[str]):
     or flax:hf:/ckpt) or "http:<base_url>#<model>" (an OpenAI-compatible endpoint)."""
     cfg = config.collect
     spec = cfg.policy
+    if spec == "teacher" and cfg.suite != "miniwob":
+        raise ValueError(f"collect.policy 'teacher' cannot play the {cfg.suite} suite: the ScriptedTeacher only knows "
+                         "MiniWoB++; use 'http:<base_url>#<model>' or 'flax:<model spec>'")
     if spec == "teacher":
         from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher
         mistakes = MistakeConfig.from_dict(dict(cfg.teacher.to_dict()))
@@ -73,19 +99,109 @@ def make_policy(config, workdir: pathlib.Path, task_ids: list[str]):
     raise ValueError(f"collect.policy {spec!r}: expected 'teacher', 'flax:<model spec>' or 'http:<base_url>#<model>'")
 
 
-def make_judge(cfg):
-    """Returns the judge named by collect.judge: "programmatic", or "<llm judge>:<base_url>#<model>"
-    for webvoyager / webjudge / webtailbench."""
-    from rmsweb_jax.judges import LLM_JUDGES, chat_from_client
-    from rmsweb_jax.judges import make_judge as build
-    name, _, rest = cfg.judge.partition(":")
+def judge_spec(cfg) -> tuple[str, str | None]:
+    """Returns (judge name, "<base_url>#<model>" or None) of collect.judge for collect.suite:
+    "" is the suite's official judge (an LLM judge then needs an endpoint), "<base_url>#<model>"
+    the official judge on that endpoint, "<name>" or "<name>:<base_url>#<model>" a judge by name.
+    Raises ValueError for the programmatic judge on a live suite and for a missing endpoint."""
+    from rmsweb_jax.judges import JUDGES, LLM_JUDGES
+    suite, spec = cfg.suite, cfg.judge.strip()
+    if suite not in OFFICIAL_JUDGES:
+        raise ValueError(f"collect.suite {suite!r}: expected one of {list(SUITES)}")
+    official = OFFICIAL_JUDGES[suite]
+    if spec.startswith(("http://", "https://")):
+        if official not in LLM_JUDGES:
+            raise ValueError(f"collect.judge {spec!r}: the {suite} suite's own judge is {official!r}, which takes no "
+                             "endpoint; to judge it with an LLM name one: '<judge>:<base_url>#<model>' with <judge> "
+                             f"in {list(LLM_JUDGES)}")
+        name, endpoint = official, spec
+    else:
+        name, _, endpoint = (spec or official).partition(":")
+    if name not in JUDGES:
+        raise ValueError(f"collect.judge {cfg.judge!r}: unknown judge {name!r}; expected '<base_url>#<model>' (the "
+                         f"{suite} suite's {official!r} judge) or one of {sorted(JUDGES)}")
+    if suite in LIVE_SUITES and name not in LLM_JUDGES:
+        raise ValueError(f"collect.judge {name!r} cannot judge the live {suite} suite: live sites report no reward; "
+                         f"use an LLM judge, the benchmark's official one is {official!r} "
+                         f"(collect.judge='<base_url>#<model>' or '{official}:<base_url>#<model>')")
     if name in LLM_JUDGES:
-        from rmsweb_jax.agents.chat_client import ChatClient
-        base_url, model = _endpoint(rest, "collect.judge")
-        return build(name, chat_from_client(ChatClient(base_url, model, api_key=_api_key(cfg))))
-    if rest:
+        if not endpoint:
+            raise ValueError(f"collect.judge {cfg.judge!r}: the {name!r} judge is an LLM judge and needs its endpoint: "
+                             f"'{name}:<base_url>#<model>' (or '<base_url>#<model>' for the {suite} suite's official "
+                             f"{official!r} judge), e.g. '{name}:http://127.0.0.1:8001/v1#qwen3-vl-32b'")
+        _endpoint(endpoint, "collect.judge")
+        return name, endpoint
+    if endpoint:
         raise ValueError(f"collect.judge {cfg.judge!r}: the {name!r} judge takes no endpoint")
-    return build(name)
+    return name, None
+
+
+def make_judge(cfg):
+    """Returns the judge of collect.judge (see judge_spec) over its endpoint, with
+    collect.judge_api_key_env's key and collect.judge_screenshots as its screenshot budget."""
+    from rmsweb_jax.judges import chat_from_client
+    from rmsweb_jax.judges import make_judge as build
+    name, endpoint = judge_spec(cfg)
+    if endpoint is None:
+        return build(name)
+    from rmsweb_jax.agents.chat_client import ChatClient
+    base_url, model = _endpoint(endpoint, "collect.judge")
+    options = {}
+    shots = cfg.get("judge_screenshots", 0)
+    if shots:  # WebJudge keeps up to this many relevant screenshots; the others attach the last this many
+        options["max_images" if name == "webjudge" else "max_screenshots"] = int(shots)
+    api_key = _api_key(cfg, "judge_api_key_env")
+    client = ChatClient(base_url, model, api_key=api_key, max_concurrency=max(cfg.workers, 8))
+    return build(name, chat_from_client(client), **options)
+
+
+def _limit(cfg) -> int:
+    limit = cfg.get("limit", 0)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"collect.limit must be an int >= 0 (0 = every selected task), got {limit!r}")
+    return limit
+
+
+def select_tasks(tasks: list[Task], cfg, source: str) -> list[Task]:
+    """Returns the tasks named by collect.tasks (comma-separated ids, in that order; "" = all of
+    them), at most collect.limit of them (0 = no limit). Raises ValueError naming unknown ids."""
+    limit = _limit(cfg)
+    names = [n.strip() for n in cfg.tasks.split(",") if n.strip()] if cfg.tasks else []
+    if names:
+        known = {t.id: t for t in tasks}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            sample = ", ".join(list(known)[:3])
+            raise ValueError(f"collect.tasks {unknown} are not in {source} (its ids look like: {sample}, ...)")
+        tasks = [known[n] for n in dict.fromkeys(names)]
+    return tasks[:limit] if limit else tasks
+
+
+def live_tasks(cfg) -> list[Task]:
+    """Returns the live suite's tasks: collect.task_list read by the suite's loader (WebVoyager
+    joined with collect.reference_answers when set), selected by collect.tasks / collect.limit."""
+    from rmsweb_jax.suites import load_online_mind2web, load_webtailbench, load_webvoyager
+    if not cfg.task_list:
+        raise ValueError(f"collect.task_list is empty: the {cfg.suite} suite needs its benchmark task file (see "
+                         "the benchmark's repository, e.g. WebVoyager_data.jsonl, Online_Mind2Web .json, WebTailBench "
+                         ".jsonl); rmsweb_jax ships none")
+    path = pathlib.Path(cfg.task_list)
+    if not path.is_file():
+        raise ValueError(f"collect.task_list {str(path)!r}: no such file (the {cfg.suite} task file)")
+    references = cfg.get("reference_answers", "")
+    if references and cfg.suite != "webvoyager":
+        raise ValueError(f"collect.reference_answers is WebVoyager's reference_answer.json; the {cfg.suite} suite "
+                         "has none")
+    if cfg.suite == "webvoyager":
+        tasks = load_webvoyager(path, references or None)
+    elif cfg.suite == "online_mind2web":
+        tasks = load_online_mind2web(path)
+    else:
+        tasks = load_webtailbench(path)
+    tasks = select_tasks(tasks, cfg, str(path))
+    if not tasks:
+        raise ValueError(f"collect.task_list {str(path)!r} holds no tasks")
+    return tasks
 
 
 def miniwob_tasks(cfg) -> list[Task]:
@@ -99,6 +215,8 @@ def miniwob_tasks(cfg) -> list[Task]:
         from rmsweb_jax.agents.teacher import SOLVED_TASKS
         names = list(SOLVED_TASKS)
     names = [n if n.startswith("miniwob.") else f"miniwob.{n}" for n in names]
+    limit = _limit(cfg)
+    names = names[:limit] if limit else names
     if cfg.task_list:
         known = {t.id: t for t in load_miniwob_tasks(cfg.task_list)}
         unknown = [n for n in names if n not in known]
@@ -115,28 +233,55 @@ def miniwob_tasks(cfg) -> list[Task]:
     return tasks
 
 
+def make_suite(cfg):
+    """Returns the suite of collect.suite as a context manager: MiniWoBSuite (serves its pages)
+    or LiveSuite (collect.viewport, allowlists widened by collect.extra_hosts)."""
+    if cfg.suite == "miniwob":
+        from rmsweb_jax.suites.miniwob import MiniWoBSuite
+        return MiniWoBSuite(episode_time_limit_s=cfg.episode_time_limit_s or None)
+    from rmsweb_jax.suites.live import LiveSuite
+    viewport = tuple(int(v) for v in cfg.get("viewport", (1280, 720)))
+    if len(viewport) != 2 or min(viewport) < 64:
+        raise ValueError(f"collect.viewport must be (width, height) of at least 64 px each, got {cfg.viewport!r}")
+    hosts = tuple(h.strip() for h in cfg.get("extra_hosts", "").split(",") if h.strip())
+    return contextlib.nullcontext(LiveSuite(viewport=viewport, extra_hosts=hosts))
+
+
+def _check_judge_fits(judge_name: str, tasks: list[Task], cfg) -> None:
+    # Caught here, not as one judge error per attempt after the browsers ran.
+    if judge_name == "webtailbench":
+        bare = [t.id for t in tasks if not t.rubric]
+        if bare:
+            raise ValueError(f"collect.judge webtailbench needs each task's rubric; {len(bare)} task(s) of "
+                             f"collect.task_list {cfg.task_list!r} have none (e.g. {bare[0]!r}): use the Stagehand "
+                             "form of the file (precomputed_rubric.items), or another judge")
+
+
 def run(config, workdir: pathlib.Path) -> dict:
     """Collects config.collect's tasks × seeds with up to K attempts each into the store, then
     writes workdir/collect_report.{json,md,png}; returns the report."""
     cfg = config.collect
     if cfg.suite not in SUITES:
-        raise ValueError(f"collect.suite {cfg.suite!r}: the collect stage runs {list(SUITES)} (live suites need "
-                         "the open web and an LLM judge; not wired in yet)")
-    from rmsweb_jax.suites.miniwob import MiniWoBSuite
+        raise ValueError(f"collect.suite {cfg.suite!r}: expected one of {list(SUITES)}")
     workdir = pathlib.Path(workdir)
     store_dir = pathlib.Path(cfg.store_dir) if cfg.store_dir else workdir / "store"
-    tasks = miniwob_tasks(cfg)
+    judge_name, _ = judge_spec(cfg)  # a wrong judge fails before any task file is read or model loaded
+    if cfg.policy == "teacher" and cfg.suite != "miniwob":
+        make_policy(config, workdir, [])  # raises: the teacher only knows MiniWoB++
+    tasks = miniwob_tasks(cfg) if cfg.suite == "miniwob" else live_tasks(cfg)
     seeds = list(range(cfg.first_seed, cfg.first_seed + cfg.num_seeds))
     judge = make_judge(cfg)
+    _check_judge_fits(judge_name, tasks, cfg)
     policy = make_policy(config, workdir, [t.id for t in tasks])
     if cfg.policy == "teacher":
         print("[collect] policy: ScriptedTeacher, a scripted stand-in for an LLM collector (its rates are no result)")
+    if cfg.suite in LIVE_SUITES and len(seeds) > 1:
+        print(f"[collect] live sites cannot be seeded: each of the {len(seeds)} seeds is one more independent run")
     print(f"[collect] {len(tasks)} tasks x {len(seeds)} seeds, K={cfg.attempts} attempts, {cfg.workers} workers, "
           f"judge {judge.name}, store {store_dir}")
     writer = dict(flush_every_tasks=cfg.flush_every_tasks, flush_every_s=cfg.flush_every_s)
     try:
-        with MiniWoBSuite(episode_time_limit_s=cfg.episode_time_limit_s or None) as suite, \
-                StoreWriter(store_dir, **writer) as store:
+        with make_suite(cfg) as suite, StoreWriter(store_dir, **writer) as store:
             if store.removed_orphans:
                 logging.info("collect: removed leftovers of an interrupted flush: %s", store.removed_orphans)
             collector = RetryCollector(
@@ -152,7 +297,8 @@ def run(config, workdir: pathlib.Path) -> dict:
           f"{summary.steps} steps in {summary.wall_s:.1f} s (mean policy batch {summary.bridge['mean_batch']})")
     print(f"[collect] store: {report['tasks']} task groups, {report['trajectories']} attempts; success@1 "
           f"{100 * report['success_at_1']:.1f}% -> success@<={k} {100 * report['success_at_le_K']:.1f}% "
-          f"({100 * report['yield_gain']:+.1f} points)")
+          f"({100 * report['yield_gain']:+.1f} points); judge {report['judge']['endpoint_calls']} calls, "
+          f"{report['judge']['errors']} errors (groups ended unjudged)")
     print(f"[collect] mean steps: solved on attempt 1 {report['mean_steps_solved_first_attempt']}, solved on a retry "
           f"{report['mean_steps_solved_retried']} (their failed attempt 1: "
           f"{report['mean_steps_failed_first_attempt_of_retried']}); report {workdir / (REPORT_NAME + '.md')}")

@@ -85,7 +85,10 @@ def test_stage_config_errors_are_named(tmp_path):
         stage.make_judge(config.collect)
     config.collect.judge = "webvoyager:http://127.0.0.1:9/v1#judge"
     assert stage.make_judge(config.collect).name == "webvoyager"
-    config.collect.suite = "webvoyager"
-    with pytest.raises(ValueError, match=r"collect.suite 'webvoyager'"):
+    config.collect.suite = "mind2web"
+    with pytest.raises(ValueError, match=r"collect.suite 'mind2web': expected one of"):
+        stage.run(config, tmp_path)
+    config.collect.suite = "webvoyager"  # a live suite runs, but not with the MiniWoB++ teacher
+    with pytest.raises(ValueError, match=r"'teacher' cannot play the webvoyager suite"):
         stage.run(config, tmp_path)
     assert isinstance(config.collect.teacher, ml_collections.ConfigDict)

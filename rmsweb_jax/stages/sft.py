@@ -1,0 +1,102 @@
+"""The `sft` stage: supervised fine-tuning on the store's successful, reflection-free steps.
+
+    python -m rmsweb_jax.main --config=configs/demo.py --config.stages=sft --workdir=/tmp/run
+
+Reads the trajectory store (config.data.store_dir, default <workdir>/store), holds out
+config.data.held_out_fraction of the task groups (the `action_accuracy` stage evaluates them),
+and trains the model of config.model.init (hf:/path — also an earlier stage's export such as
+hf:<workdir>/sft/hf — or random:tiny) with the shared Trainer on the Grain pipeline of
+rmsweb_jax/data/sft.py. Rerunning the same command resumes from the last checkpoint, data
+iterator included. Outputs: <workdir>/sft/{checkpoints/, tensorboard/, metrics.jsonl, hf/,
+split.json, summary.json}.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import jax
+
+from rmsweb_jax.agents.prompt import PromptConfig
+from rmsweb_jax.collect.sft_view import SFTView
+from rmsweb_jax.data.sft import SFTBatches, SFTDataConfig, Split, split_by_task
+
+NAME = "sft"
+
+
+def prompt_config(config) -> PromptConfig:
+    """Returns the prompt settings every stage shares (config.prompt; defaults when absent)."""
+    section = config.get("prompt")
+    return PromptConfig.from_config(section) if section is not None else PromptConfig()
+
+
+def load_split(config, workdir: pathlib.Path) -> tuple[SFTDataConfig, SFTView, Split]:
+    """Returns (data settings, the store's SFT view, the train / held-out split); StoreError names a
+    missing, empty or other-schema store."""
+    data = SFTDataConfig.from_config(config.get("data"), workdir)
+    view = SFTView(data.store_dir)
+    return data, view, split_by_task(view, data.held_out_fraction, data.split_seed)
+
+
+def check_tokenizer(tokenizer_dir: str | pathlib.Path, model_config) -> tuple[object, object]:
+    """Returns (tokenizer, image config) of the checkpoint folder, checked against the model's config."""
+    from rmsweb_jax.agents.chat_model import image_config_from_checkpoint
+    from rmsweb_jax.processing.prompts import IMAGE_TOKEN, load_tokenizer
+    tokenizer = load_tokenizer(tokenizer_dir)
+    image_token = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    if image_token != model_config.image_token_id:
+        raise ValueError(f"the tokenizer in {tokenizer_dir} maps {IMAGE_TOKEN} to {image_token}, the model's "
+                         f"image_token_id is {model_config.image_token_id}: tokenizer and model do not belong together")
+    image_config = image_config_from_checkpoint(tokenizer_dir)
+    vision = model_config.vision
+    ours = (image_config.patch_size, image_config.merge_size, image_config.temporal_patch_size)
+    theirs = (vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
+    if ours != theirs:
+        raise ValueError(f"{tokenizer_dir}/preprocessor_config.json patch/merge/temporal sizes {ours} differ from "
+                         f"the model's vision config {theirs}")
+    return tokenizer, image_config
+
+
+def run(config, workdir: pathlib.Path) -> dict:
+    """Trains config.train.optimizer.total_steps SFT steps; writes summary.json and split.json."""
+    from rmsweb_jax.train.loop import Trainer
+    workdir = pathlib.Path(workdir)
+    # The store first: a missing or empty one fails in a second, before any model is loaded.
+    data, view, split = load_split(config, workdir)
+    trainer = Trainer(config, workdir, name=NAME)
+    tokenizer, image_config = check_tokenizer(trainer.init_dir, trainer.model_config)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    writer = jax.process_index() == 0
+    if writer:
+        trainer.run_dir.mkdir(parents=True, exist_ok=True)
+        (trainer.run_dir / "split.json").write_text(json.dumps({
+            "store_dir": data.store_dir, "train_examples": len(split.train), "held_out_examples": len(split.held_out),
+            "held_out_task_groups": [list(k) for k in split.held_out_keys]}, indent=2))
+    trainer.writer.message(  # above the trainer's progress bar
+        f"[sft] {view!r}: {len(split.train)} training steps, {len(split.held_out)} held out "
+        f"({len(split.held_out_keys)} task groups); {data.batching} batches of {trainer.settings.batch_size} rows, "
+        f"loss mask {data.mask}, {data.worker_count} Grain workers")
+    with SFTBatches(view, split.train, data, tokenizer_dir=trainer.init_dir, image_config=image_config,
+                    rows=trainer.local_rows, prompt_config=prompt_config(config), pad_id=pad_id,
+                    process_index=jax.process_index(), process_count=jax.process_count()) as batches:
+        result = trainer.fit(batches)
+    losses = _losses(result.run_dir / "metrics.jsonl")
+    summary = {"steps": result.step, "resumed_from": result.resumed_from, "train_examples": len(split.train),
+               "held_out_examples": len(split.held_out), "first_loss": losses[0] if losses else None,
+               "last_loss": losses[-1] if losses else None, "last_metrics": result.last_metrics,
+               "hf_dir": None if result.hf_dir is None else str(result.hf_dir), "init_dir": str(trainer.init_dir)}
+    if writer:
+        (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    first = "?" if summary["first_loss"] is None else f"{summary['first_loss']:.3f}"
+    last = "?" if summary["last_loss"] is None else f"{summary['last_loss']:.3f}"
+    print(f"[sft] {result.step} steps; loss {first} -> {last}; checkpoints in {result.run_dir / 'checkpoints'}"
+          + (f"; HF export {result.hf_dir}" if result.hf_dir else ""))
+    return summary
+
+
+def _losses(path: pathlib.Path) -> list[float]:
+    """Returns the reported (windowed mean) loss of every metrics step, in step order ([] when absent)."""
+    from rmsweb_jax.train.metrics import read_metrics
+    if not path.is_file():
+        return []
+    return [m["loss"] for _, m in sorted(read_metrics(path).items()) if "loss" in m]

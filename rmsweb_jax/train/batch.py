@@ -1,0 +1,336 @@
+"""The batch contract between a data pipeline and the trainer, and its host-side preparation.
+
+A data pipeline hands the trainer one dict of numpy arrays per step: this process's rows of the
+global batch, B = config.train.batch_size / jax.process_count() rows of L tokens:
+
+  input_ids       int   [B, L]  token ids.
+  segment_ids     int   [B, L]  0 = padding; 1, 2, ... = the sequences packed into a row (a row holding
+                                one sequence is 1 on its tokens). `attention_mask` [B, L] (0/1) may be
+                                given instead: one sequence per row.
+  loss_mask       float [B, L]  the weight of token t AS A TARGET. Position t-1 predicts input_ids[t];
+                                that prediction's cross-entropy is weighted by loss_mask[t]. So the mask is
+                                1 on the tokens to learn (the assistant's thought and action) and 0
+                                elsewhere; it must be 0 at t = 0, on padding and on the first token of each
+                                packed sequence (nothing in its own sequence predicts those).
+  pixel_values    float [P, D]  (optional, with image_grid_thw) the patches of every image of the rows, in
+                                the row-major order of their image tokens; rows past the images' patches
+                                are padding (a fixed P per length bucket keeps shapes static).
+  image_grid_thw  int   [N, 3]  (optional) each image's (t, h, w) patch grid; N may vary.
+  anything else   [B, ...]      (e.g. advantages [B], behaviour log-probs [B, L]) rides along to the loss
+                                function in TrainBatch.extras, split into microbatches with its rows.
+
+`prepare_batch` turns that dict into a TrainBatch of numpy arrays led by the microbatch axis
+[M, B/M, ...]: microbatch m holds rows m, m + M, m + 2M, ... (so each microbatch still spreads over
+every data-parallel device). MRoPE position ids are computed here per packed sequence (the tables
+of transformers' get_rope_index, restarting at each sequence); targets[t] = input_ids[t + 1] and
+weights[t] = loss_mask[t + 1], with weight 0 at the last position. `to_global` assembles the
+global jax.Arrays over the mesh with `jax.make_array_from_process_local_data`.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from rmsweb_jax.models import sharding
+from rmsweb_jax.models.qwen3_vl import rope
+from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig
+from rmsweb_jax.models.qwen3_vl.model import ModelInputs, VisionInputs
+
+CONTRACT_KEYS = ("input_ids", "segment_ids", "attention_mask", "loss_mask", "pixel_values", "image_grid_thw")
+
+
+class TrainBatch(NamedTuple):
+    """One step's model inputs, targets and weights; every leaf leads with the microbatch axis [M, ...]."""
+    inputs: ModelInputs       # input_ids/segment_ids [M, b, L], position_ids [M, 3, b, L], vision [M, Pm, ...]
+    targets: Any              # [M, b, L] int32: targets[..., t] = input_ids[..., t + 1]
+    weights: Any              # [M, b, L] float32: weights[..., t] = loss_mask[..., t + 1]; 0 at t = L - 1
+    extras: dict[str, Any]    # {name: [M, b, ...]}
+
+    @property
+    def microbatches(self) -> int:
+        return int(self.targets.shape[0])
+
+
+def check_batch_layout(batch_size: int, microbatches: int, mesh, process_count: int = 1) -> int:
+    """Returns the rows per microbatch, or raises naming the batch size, microbatches and mesh shape."""
+    if batch_size < 1 or microbatches < 1:
+        raise ValueError(f"config.train.batch_size = {batch_size} and config.train.microbatches = {microbatches}: "
+                         "both must be >= 1")
+    if batch_size % microbatches:
+        raise ValueError(f"config.train.batch_size = {batch_size} is not divisible by config.train.microbatches = "
+                         f"{microbatches}")
+    rows = batch_size // microbatches
+    shards = data_parallel_size(mesh)
+    if rows % shards:
+        raise ValueError(f"config.train.batch_size = {batch_size} with {microbatches} microbatch(es) gives {rows} "
+                         f"rows per microbatch, which do not divide over the mesh's data x fsdp = {shards} devices "
+                         f"(mesh shape {_mesh_shape(mesh)}); use a batch size that is a multiple of "
+                         f"{shards * microbatches}")
+    if batch_size % process_count or (batch_size // process_count) % microbatches:
+        raise ValueError(f"config.train.batch_size = {batch_size} does not split into {microbatches} microbatch(es) "
+                         f"on each of {process_count} processes")
+    return rows
+
+
+def data_parallel_size(mesh) -> int:
+    """Returns how many ways the batch is split on `mesh`: its data x fsdp size (1 without a mesh)."""
+    if mesh is None:
+        return 1
+    return int(mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1))
+
+
+def _mesh_shape(mesh) -> dict[str, int] | None:
+    return None if mesh is None else dict(mesh.shape)
+
+
+# ---- validation --------------------------------------------------------------------------------------
+def validate_batch(batch: Mapping[str, Any], rows: int | None = None) -> dict[str, np.ndarray]:
+    """Returns the batch as numpy arrays with `segment_ids` filled in, or raises naming the bad key."""
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"a batch must be a dict of arrays, got {type(batch).__name__}")
+    out = {k: np.asarray(v) for k, v in batch.items()}
+    for key in ("input_ids", "loss_mask"):
+        if key not in out:
+            raise ValueError(f"batch has no {key!r} (keys: {sorted(out)}); see rmsweb_jax.train.batch for the contract")
+    ids = out["input_ids"]
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"batch['input_ids'] must be an int array [B, L], got {ids.dtype} {ids.shape}")
+    if rows is not None and ids.shape[0] != rows:
+        raise ValueError(f"batch['input_ids'] has {ids.shape[0]} rows; this process expects {rows} "
+                         "(config.train.batch_size / process count)")
+    if "segment_ids" not in out:
+        if "attention_mask" not in out:
+            raise ValueError("batch needs 'segment_ids' (or 'attention_mask'); got keys " f"{sorted(out)}")
+        out["segment_ids"] = (out.pop("attention_mask") > 0).astype(np.int32)
+    else:
+        out.pop("attention_mask", None)
+    seg, mask = out["segment_ids"], out["loss_mask"]
+    for key, arr in (("segment_ids", seg), ("loss_mask", mask)):
+        if arr.shape != ids.shape:
+            raise ValueError(f"batch[{key!r}] has shape {arr.shape}; expected input_ids' shape {ids.shape}")
+    if not np.issubdtype(seg.dtype, np.integer) or seg.min() < 0:
+        raise ValueError(f"batch['segment_ids'] must hold integers >= 0 (0 = padding), got {seg.dtype} "
+                         f"min {seg.min()}")
+    mask = mask.astype(np.float32)
+    if not np.all(np.isfinite(mask)) or mask.min() < 0:
+        raise ValueError("batch['loss_mask'] must be finite and >= 0 (a weight per target token)")
+    starts = np.ones_like(seg, bool)
+    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    bad = (mask != 0) & (starts | (seg == 0))
+    if bad.any():
+        r, t = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"batch['loss_mask'][{r}, {t}] = {mask[r, t]} marks a token nothing predicts (position 0, "
+                         "padding, or the first token of a packed sequence); loss_mask weights TARGET tokens, "
+                         "each predicted by the token before it in the same sequence")
+    out["segment_ids"], out["loss_mask"] = seg.astype(np.int32), mask
+    out["input_ids"] = ids.astype(np.int32)
+    if ("pixel_values" in out) != ("image_grid_thw" in out):
+        raise ValueError("batch['pixel_values'] and batch['image_grid_thw'] must be given together")
+    for key, arr in out.items():
+        if key not in CONTRACT_KEYS and (arr.ndim == 0 or arr.shape[0] != ids.shape[0]):
+            raise ValueError(f"batch[{key!r}] has shape {arr.shape}; extra keys must lead with the batch's "
+                             f"{ids.shape[0]} rows")
+    return out
+
+
+# ---- host preparation ----------------------------------------------------------------------------------
+def prepare_batch(batch: Mapping[str, Any], config: Qwen3VLConfig, microbatches: int = 1,
+                  rows: int | None = None) -> TrainBatch:
+    """Returns the TrainBatch (numpy, [M, B/M, ...]) of a contract batch (see the module docstring)."""
+    b = validate_batch(batch, rows)
+    ids, seg, mask = b["input_ids"], b["segment_ids"], b["loss_mask"]
+    # Padding too: an out-of-range id embeds as NaN (jnp.take's fill), which masked attention still multiplies.
+    if ids.min() < 0 or ids.max() >= config.text.vocab_size:
+        bad = int(ids.min() if ids.min() < 0 else ids.max())
+        raise ValueError(f"batch['input_ids'] holds token id {bad}, outside the model's vocabulary "
+                         f"[0, {config.text.vocab_size}) (tokenizer and checkpoint do not match?)")
+    n_rows, length = ids.shape
+    if n_rows % microbatches:
+        raise ValueError(f"a batch of {n_rows} rows does not split into {microbatches} microbatches")
+    images = _row_images(b, config, ids, seg)
+    order = [np.arange(m, n_rows, microbatches) for m in range(microbatches)]
+    targets = np.zeros_like(ids)
+    targets[:, :-1] = ids[:, 1:]
+    weights = np.zeros_like(mask)
+    weights[:, :-1] = mask[:, 1:]
+    position_ids, deltas = _position_ids(config, ids, seg, images)
+    vision = None
+    if images is not None:
+        vision = _stack([_vision(config, images, rows_m, _patch_budget(images, order, b["pixel_values"].shape[0],
+                                                                       config)) for rows_m in order])
+    inputs = ModelInputs(
+        input_ids=_stack([ids[r] for r in order]), segment_ids=_stack([seg[r] for r in order]),
+        position_ids=_stack([position_ids[:, r] for r in order]), vision=vision,
+        rope_deltas=_stack([deltas[r] for r in order]))
+    extras = {k: _stack([v[r] for r in order]) for k, v in b.items() if k not in CONTRACT_KEYS}
+    return TrainBatch(inputs, _stack([targets[r] for r in order]), _stack([weights[r] for r in order]), extras)
+
+
+def _stack(parts):
+    if isinstance(parts[0], VisionInputs):
+        return VisionInputs(*(np.stack(f) for f in zip(*parts)))
+    return np.stack(parts)
+
+
+class _Images(NamedTuple):
+    grids: np.ndarray          # [N, 3]
+    starts: np.ndarray         # [N] first patch row of each image in pixel_values
+    pixels: np.ndarray         # [P, D]
+    of_row: list[list[int]]    # image indices of each row, in order
+
+
+def _row_images(b, config: Qwen3VLConfig, ids, seg) -> _Images | None:
+    """Returns which images belong to which row (by counting image tokens), or None without images."""
+    if "pixel_values" not in b:
+        if ((ids == config.image_token_id) & (seg > 0)).any():
+            raise ValueError(f"batch['input_ids'] holds image tokens (id {config.image_token_id}) but the batch has "
+                             "no pixel_values / image_grid_thw")
+        return None
+    grids = b["image_grid_thw"].astype(np.int64).reshape(-1, 3)
+    if not len(grids):
+        return _row_images({}, config, ids, seg)  # no images at all: text only (checks for stray image tokens)
+    pixels = b["pixel_values"].astype(np.float32)
+    merge = config.vision.spatial_merge_size
+    patches = np.prod(grids, axis=1) if len(grids) else np.zeros((0,), np.int64)
+    if pixels.ndim != 2 or pixels.shape[1] != config.vision.patch_dim or pixels.shape[0] < patches.sum():
+        raise ValueError(f"batch['pixel_values'] has shape {pixels.shape}; image_grid_thw {grids.tolist()} needs at "
+                         f"least ({int(patches.sum())}, {config.vision.patch_dim})")
+    if np.any(grids[:, 1:] % merge):
+        raise ValueError(f"batch['image_grid_thw'] {grids.tolist()}: h and w must be multiples of {merge}")
+    tokens = patches // merge ** 2
+    per_row = ((ids == config.image_token_id) & (seg > 0)).sum(axis=1)
+    of_row, nxt = [], 0
+    for r, need in enumerate(per_row.tolist()):
+        mine, got = [], 0
+        while got < need and nxt < len(grids):
+            mine.append(nxt)
+            got += int(tokens[nxt])
+            nxt += 1
+        if got != need:
+            raise ValueError(f"batch row {r} holds {need} image tokens but image_grid_thw {grids.tolist()} gives "
+                             f"its images {got}: images must follow the rows' image tokens in order")
+        of_row.append(mine)
+    if nxt != len(grids):
+        raise ValueError(f"batch['image_grid_thw'] has {len(grids)} images but the rows' image tokens use {nxt}")
+    starts = np.concatenate([[0], np.cumsum(patches)[:-1]]).astype(np.int64) if len(grids) else patches
+    return _Images(grids, starts, pixels, of_row)
+
+
+def _position_ids(config: Qwen3VLConfig, ids, seg, images: _Images | None):
+    """Returns (position_ids [3, B, L], rope_deltas [B]): MRoPE tables restarting at each packed sequence."""
+    n_rows, length = ids.shape
+    positions = np.zeros((3, n_rows, length), np.int32)
+    deltas = np.zeros((n_rows,), np.int32)
+    merge = config.vision.spatial_merge_size
+    for r in range(n_rows):
+        grids = images.grids[images.of_row[r]] if images is not None else np.zeros((0, 3), np.int64)
+        used = 0
+        for s in _segments(seg[r]):
+            cols = np.flatnonzero(seg[r] == s)
+            sub = ids[r, cols][None]
+            n_tokens = int((sub == config.image_token_id).sum())
+            take, got = 0, 0
+            while got < n_tokens:
+                got += int(np.prod(grids[used + take])) // merge ** 2
+                take += 1
+            pos, delta = rope.text_position_ids(sub, None, grids[used:used + take] if take else None,
+                                                image_token_id=config.image_token_id, spatial_merge_size=merge)
+            positions[:, r, cols] = pos[:, 0]
+            deltas[r] = delta[0]
+            used += take
+    return positions, deltas
+
+
+def _segments(seg_row: np.ndarray) -> list[int]:
+    """Returns the row's nonzero segment ids in order of first appearance."""
+    values, first = np.unique(seg_row, return_index=True)
+    return [int(v) for v, _ in sorted(zip(values, first), key=lambda p: p[1]) if v != 0]
+
+
+def _patch_budget(images: _Images, order, given: int, config: Qwen3VLConfig) -> int:
+    """Returns the patch rows each microbatch is padded to: P itself with one microbatch; else the first of
+    ceil(P / M), 2 ceil(P / M), 4 ceil(P / M), ... (capped at P) that fits every microbatch, so a run sees
+    a few fixed shapes rather than one per batch."""
+    quantum = config.vision.spatial_merge_size ** 2
+    given = _round_up(given, quantum)
+    if len(order) == 1:
+        return given
+    patches = np.prod(images.grids, axis=1)
+    need = max(int(sum(patches[i] for r in rows for i in images.of_row[r])) for rows in order)
+    budget = _round_up(-(-given // len(order)), quantum)
+    while budget < need:
+        budget *= 2
+    return min(budget, given)
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def _vision(config: Qwen3VLConfig, images: _Images, rows, budget: int) -> VisionInputs:
+    """Returns the microbatch's VisionInputs: its rows' images in order, padded with inert patches."""
+    merge = config.vision.spatial_merge_size
+    picked = [i for r in rows for i in images.of_row[r]]
+    grids = images.grids[picked] if picked else np.zeros((0, 3), np.int64)
+    pixels = [images.pixels[images.starts[i]:images.starts[i] + int(np.prod(images.grids[i]))] for i in picked]
+    pv = np.concatenate(pixels) if pixels else np.zeros((0, config.vision.patch_dim), np.float32)
+    idx, w = rope.vision_pos_interpolation(grids, config.vision.num_grid_per_side, merge)
+    vision = VisionInputs(pv, rope.vision_rotary_positions(grids, merge), idx, w, rope.vision_segment_ids(grids))
+    n = pv.shape[0]
+    return VisionInputs(*(np.concatenate([a, np.zeros((budget - n,) + a.shape[1:], a.dtype)]) for a in vision))
+
+
+# ---- device placement ------------------------------------------------------------------------------------
+def batch_shardings(batch: TrainBatch, mesh, rules=sharding.DEFAULT_RULES) -> TrainBatch | None:
+    """Returns a TrainBatch of NamedShardings: rows over the mesh's batch axes, vision inputs replicated.
+
+    Vision inputs are replicated because the vision tower runs on all patches of a microbatch at once
+    (its activations are replicated too: the 'patches' axis maps to no mesh axis).
+    """
+    if mesh is None:
+        return None
+
+    def rows(x, row_axis=1):
+        axes = [None] * x.ndim
+        axes[row_axis] = "batch"
+        return NamedSharding(mesh, sharding.logical_to_spec(tuple(axes), rules, mesh, x.shape))
+
+    replicated = NamedSharding(mesh, PartitionSpec())
+    inp = batch.inputs
+    vision = None if inp.vision is None else VisionInputs(*(replicated for _ in inp.vision))
+    return TrainBatch(
+        inputs=ModelInputs(rows(inp.input_ids), rows(inp.segment_ids), rows(inp.position_ids, row_axis=2),
+                           vision, rows(inp.rope_deltas)),
+        targets=rows(batch.targets), weights=rows(batch.weights),
+        extras={k: rows(v) for k, v in batch.extras.items()})
+
+
+def to_global(batch: TrainBatch, shardings: TrainBatch | None) -> TrainBatch:
+    """Returns the TrainBatch as global jax.Arrays: this process's rows placed with
+    `jax.make_array_from_process_local_data` (plain device_put without a mesh)."""
+    if shardings is None:
+        return jax.tree.map(jax.device_put, batch)
+    if jax.process_count() > 1 and batch.inputs.vision is not None:
+        # Each process would have to place its own patches, and the model gathers image features by a
+        # batch-global running count of image tokens: a per-process layout needs that count per process.
+        raise NotImplementedError("image batches across several processes are not supported yet: run image "
+                                  "training in one process (any number of local devices)")
+
+    def place(x, s):
+        if s.is_fully_replicated:
+            return jax.make_array_from_process_local_data(s, x, x.shape)
+        return jax.make_array_from_process_local_data(s, x)
+
+    return jax.tree.map(place, batch, shardings)
+
+
+def batch_counts(batch: TrainBatch) -> dict[str, int]:
+    """Returns this process's token counts (real tokens, target tokens, real image patches) for metrics."""
+    vision = batch.inputs.vision
+    return {"tokens": int((np.asarray(batch.inputs.segment_ids) > 0).sum()),
+            "target_tokens": int((np.asarray(batch.weights) != 0).sum()),
+            "patches": 0 if vision is None else int((np.asarray(vision.segment_ids) > 0).sum()),
+            "images": 0 if vision is None else int(np.asarray(vision.segment_ids).max(axis=-1).sum())}

@@ -1,0 +1,263 @@
+"""The shared step loop: start or resume, step through batches, metrics, checkpoints, NaN stop, HF export.
+
+    trainer = Trainer(config, workdir, name="sft")         # restores <workdir>/sft/checkpoints if any
+    result = trainer.fit(batches)                            # batches: a BatchSource (see train/__init__.py)
+
+`fit` is the SFT loop; an RL loop (Salvage-DS) drives the same Trainer itself: `trainer.model()` for
+sampling, `trainer.step(host_batch, data_state)` per update, `trainer.finish()` at the end.
+
+A step's scalars are read back one step late (the device keeps working while the host prepares
+the next batch), except at checkpoint and metrics steps, which wait for their own step. Every
+scalar read is checked: a non-finite loss, gradient norm or parameter norm stops the run with
+NonFiniteError naming the step. A state is saved only after its step's scalars were checked, so
+a NaN state never reaches disk and the last good checkpoint stays the latest.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+import time
+from typing import Any, Iterator, Protocol
+
+import jax
+import numpy as np
+from absl import logging
+
+from rmsweb_jax.models.loading import load_model, runtime_from_config
+from rmsweb_jax.models.mesh_config import mesh_from_config, rules_from_config
+from rmsweb_jax.models.qwen3_vl import Qwen3VLConfig, abstract_model, to_hf
+from rmsweb_jax.train import batch as batch_lib
+from rmsweb_jax.train.checkpoint import Checkpointer
+from rmsweb_jax.train.loss import LossFn, make_sft_loss, resolve_loss_impl
+from rmsweb_jax.train.metrics import MetricsWriter, peak_flops_per_device, train_flops
+from rmsweb_jax.train.optimizer import learning_rate_schedule, make_optimizer
+from rmsweb_jax.train.settings import TrainSettings
+from rmsweb_jax.train.step import (ModelParts, TrainState, TrainStep, init_train_state, param_shardings,
+                                   train_state_shardings)
+
+
+class BatchSource(Protocol):
+    """What the loop iterates: contract batches (train/batch.py), with resumable iterator state."""
+    def __next__(self) -> dict: ...
+    def get_state(self) -> Any: ...          # JSON value or bytes, after the batch just returned
+    def set_state(self, state: Any) -> None: ...
+
+
+class NonFiniteError(FloatingPointError):
+    """Training produced a non-finite loss, gradient norm or parameter norm at `step`."""
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    run_dir: pathlib.Path
+    step: int                      # steps taken in total
+    resumed_from: int | None       # the checkpoint step this process started from
+    last_metrics: dict[str, float]
+    hf_dir: pathlib.Path | None    # the exported HF checkpoint
+
+
+class Trainer:
+    """A model, its optimizer state and checkpoints under <workdir>/<name>, ready to step."""
+
+    def __init__(self, config, workdir: str | pathlib.Path, *, name: str = "train", loss_fn: LossFn | None = None):
+        self.config, self.workdir = config, pathlib.Path(workdir)
+        self.run_dir = self.workdir / name
+        self.settings = s = TrainSettings.from_config(config.get("train"))
+        self.mesh, self.rules = mesh_from_config(config), rules_from_config(config)
+        batch_lib.check_batch_layout(s.batch_size, s.microbatches, self.mesh, jax.process_count())
+        self.local_rows = s.batch_size // jax.process_count()
+        self.tx = make_optimizer(s.optimizer)
+        self.schedule = learning_rate_schedule(s.optimizer)
+        self.is_writer = jax.process_index() == 0
+        self.checkpoints = Checkpointer(self.run_dir / "checkpoints", every_steps=s.checkpoint_every,
+                                        keep=s.checkpoint_keep, async_save=s.checkpoint_async)
+        try:
+            self._start()
+        except BaseException:
+            self.checkpoints.close()
+            raise
+        self.parts = self.parts._replace(params=None)  # the live parameters are self.state.params
+        impl = resolve_loss_impl(s.loss_impl, self.mesh)
+        self.train_step = TrainStep(self.parts, loss_fn or make_sft_loss(impl), self.tx, mesh=self.mesh,
+                                    rules=self.rules, p_shardings=self.p_shardings,
+                                    shardings=self.state_shardings, schedule=self.schedule)
+        self.step_count = int(self.resumed_from or 0)
+        self.writer = MetricsWriter(self.run_dir, enabled=self.is_writer, total_steps=s.total_steps,
+                                    initial_step=self.step_count)
+        self.peak_flops = peak_flops_per_device(s.peak_tflops) * (self.mesh.size if self.mesh else 1)
+        self._pending: list[tuple[int, dict, dict]] = []
+        self._window: list[dict] = []
+        self._clock: float | None = None
+        self.last_metrics: dict[str, float] = {}
+        if self.resumed_from is not None:
+            self.writer.message(f"[train] resumed from checkpoint step {self.resumed_from} in "
+                                f"{self.checkpoints.directory}")
+
+    # ---- start-up ---------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        """Sets model parts, shardings and state: restored from the latest checkpoint, else fresh from init."""
+        self.resumed_from = self.checkpoints.latest_step()
+        self.data_state = None
+        if self.resumed_from is not None:
+            return self._restore()
+        model, init_dir = load_model(self.config, self.workdir)
+        self.init_dir = str(init_dir)
+        self.parts, self.model_config = ModelParts.split(model), model.config
+        self.p_shardings = param_shardings(model, self.mesh, self.rules)
+        self.state_shardings = train_state_shardings(self.parts.params, self.tx, self.mesh, self.p_shardings)
+        self.state = init_train_state(self.parts.params, self.tx, self.config.seed, self.state_shardings)
+
+    def _restore(self) -> None:
+        meta = self.checkpoints.read_meta(self.resumed_from)
+        model_config = Qwen3VLConfig.from_hf_dict(meta["model_config"], source=str(self.checkpoints.directory))
+        self.init_dir = meta.get("init_dir")
+        abstract = abstract_model(model_config, runtime_from_config(self.config.model), mesh=self.mesh,
+                                  rules=self.rules)
+        self.parts, self.model_config = ModelParts.split(abstract), model_config
+        self.p_shardings = param_shardings(abstract, self.mesh, self.rules)
+        self.state_shardings = train_state_shardings(self.parts.params, self.tx, self.mesh, self.p_shardings)
+        target = _abstract_state(self.parts.params, self.tx, self.state_shardings)
+        restored = self.checkpoints.restore(target, self.resumed_from)
+        self.state, self.data_state = restored.state, restored.data_state
+        logging.info("restored step %d from %s", restored.step, self.checkpoints.directory)
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+    def fit(self, batches) -> TrainResult:
+        """Steps through `batches` until config.train.optimizer.total_steps, then finishes; returns the result."""
+        iterator = _resume_iterator(batches, self.data_state)
+        try:
+            while self.step_count < self.settings.total_steps:
+                try:
+                    host = next(iterator)
+                except StopIteration:
+                    raise ValueError(f"the batch source ran out after step {self.step_count} of "
+                                     f"{self.settings.total_steps}: it must yield a batch per step") from None
+                self.step(host, iterator.get_state() if hasattr(iterator, "get_state") else None)
+            return self.finish()
+        finally:
+            self.close()
+
+    def step(self, host_batch: dict, data_state: Any = None) -> None:
+        """Takes one optimizer step on a contract batch; checkpoints and reports when due.
+
+        data_state: the batch source's state *after* this batch (saved with a checkpoint of this step).
+        """
+        batch = batch_lib.prepare_batch(host_batch, self.model_config, self.settings.microbatches, rows=self.local_rows)
+        counts = batch_lib.batch_counts(batch)
+        placed = batch_lib.to_global(batch, batch_lib.batch_shardings(batch, self.mesh, self.rules))
+        self.state, metrics = self.train_step(self.state, placed)
+        self.step_count += 1
+        step = self.step_count
+        flops = train_flops(self.model_config, tokens=counts["tokens"], seq_len=batch.targets.shape[-1],
+                            patches=counts["patches"], images=counts["images"]) * jax.process_count()
+        self._pending.append((step, metrics, {**counts, "flops": flops}))
+        self.data_state = data_state
+        due_checkpoint = self.checkpoints.due(step) or step == self.settings.total_steps
+        due_metrics = step % self.settings.metrics_every == 0 or step == self.settings.total_steps
+        self._drain(keep=0 if (due_checkpoint or due_metrics) else 1)
+        if due_metrics:
+            self._report(step)
+        if due_checkpoint:
+            self.save()
+
+    def save(self) -> None:
+        """Saves the current state (already checked finite) as checkpoint `step_count`."""
+        self._drain(keep=0)
+        if self.checkpoints.latest_step() == self.step_count:
+            return
+        meta = {"model_config": self.model_config.to_hf_dict(), "init_dir": self.init_dir, "step": self.step_count}
+        self.checkpoints.save(self.step_count, self.state, self.data_state, meta)
+
+    def finish(self) -> TrainResult:
+        """Saves the final state, waits for pending saves, exports HF weights if configured; returns the result."""
+        self.save()
+        self.checkpoints.wait()
+        hf_dir = None
+        if self.settings.export_hf:
+            hf_dir = self.run_dir / "hf"
+            already = self.resumed_from == self.step_count and (hf_dir / "config.json").is_file()
+            if not already:  # a finished run restarted: its export is already there
+                to_hf(self.model(), hf_dir, tokenizer_dir=self.init_dir)
+                self.writer.message(f"[train] exported step {self.step_count} in HF format to {hf_dir}")
+        return TrainResult(self.run_dir, self.step_count, self.resumed_from, dict(self.last_metrics), hf_dir)
+
+    def model(self):
+        """Returns the NNX model with the current parameters (sharded like the state)."""
+        return self.parts.merge(self.state.params)
+
+    def close(self) -> None:
+        """Waits for pending checkpoint writes and closes the metric sinks."""
+        self.checkpoints.close()
+        self.writer.close()
+
+    # ---- scalars ------------------------------------------------------------------------------------------
+    def _drain(self, keep: int) -> None:
+        """Reads back every pending step's scalars but the newest `keep`, checking that they are finite."""
+        while len(self._pending) > keep:
+            step, metrics, counts = self._pending.pop(0)
+            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            now = time.perf_counter()
+            if not all(math.isfinite(values[k]) for k in ("loss", "grad_norm", "param_norm")):
+                self._stop(step, values)
+            self.writer.progress(step, values["loss"])
+            if self._clock is None:  # the first step read back carries the compile time: start the clock after it
+                self._clock = now
+                self._window.append({**values, "timed": False, **counts})
+            else:
+                self._window.append({**values, "timed": True, "seconds": now - self._clock, **counts})
+                self._clock = now
+
+    def _report(self, step: int) -> None:
+        window, self._window = self._window, []
+        if not window:
+            return
+        out = {"loss": float(np.mean([w["loss"] for w in window])), "grad_norm": window[-1]["grad_norm"],
+               "param_norm": window[-1]["param_norm"], "learning_rate": window[-1].get("learning_rate"),
+               "target_tokens": float(sum(w["target_tokens"] for w in window)) * jax.process_count()}
+        timed = [w for w in window if w["timed"]]
+        seconds = sum(w["seconds"] for w in timed)
+        if timed and seconds > 0:
+            out["tokens_per_s"] = sum(w["tokens"] for w in timed) * jax.process_count() / seconds
+            out["step_s"] = seconds / len(timed)
+            if self.peak_flops > 0:
+                out["mfu"] = sum(w["flops"] for w in timed) / seconds / self.peak_flops
+        self.last_metrics = out
+        self.writer.write(step, out)
+
+    def _stop(self, step: int, values: dict) -> None:
+        self._pending.clear()
+        self.checkpoints.wait()
+        good = self.checkpoints.latest_step()
+        where = (f"the last good checkpoint is step {good} in {self.checkpoints.directory} (a rerun resumes from it)"
+                 if good is not None else f"no checkpoint had been written yet in {self.checkpoints.directory}")
+        message = (f"training stopped at step {step}: non-finite values (loss {values['loss']}, grad_norm "
+                   f"{values['grad_norm']}, param_norm {values['param_norm']}); the state of step {step} was not "
+                   f"saved; {where}")
+        self.writer.message(f"[train] {message}")
+        raise NonFiniteError(message, step)
+
+
+def _abstract_state(params, tx, shardings: TrainState | None) -> TrainState:
+    """Returns the abstract TrainState (shapes, dtypes, shardings) for abstract parameters `params`."""
+    shapes = TrainState(jax.ShapeDtypeStruct((), np.int32), params, jax.eval_shape(tx.init, params),
+                        jax.eval_shape(lambda: jax.random.PRNGKey(0)))
+    if shardings is None:  # one device: every leaf on it
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
+    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), shapes, shardings)
+
+
+def _resume_iterator(batches, data_state) -> Iterator:
+    iterator = batches if hasattr(batches, "__next__") else iter(batches)
+    if data_state is not None:
+        if not hasattr(iterator, "set_state"):
+            raise ValueError(f"the checkpoint holds a data-iterator state but the batch source "
+                             f"{type(iterator).__name__} has no set_state(): it cannot resume where it stopped")
+        iterator.set_state(data_state)
+    return iterator
+
+

@@ -1,0 +1,155 @@
+"""Training metrics: model FLOPs for an MFU estimate, and a writer to TensorBoard, JSONL and the console.
+
+MFU = model FLOPs per second / (peak FLOP/s per device x devices). Model FLOPs count 3x the forward
+matmuls (forward + backward) of the tokens and patches actually in the batch (padding excluded),
+attention included, remat recompute excluded (that is what makes it MFU rather than HFU).
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from typing import Any
+
+import numpy as np
+
+from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig
+
+# Dense bf16 peak TFLOP/s per device by jax `device_kind` prefix (vendor figures, no sparsity).
+PEAK_TFLOPS = (
+    ("TPU v6", 918.0), ("TPU v5p", 459.0), ("TPU v5 lite", 197.0), ("TPU v5e", 197.0), ("TPU v5", 459.0),
+    ("TPU v4", 275.0), ("NVIDIA H200", 989.0), ("NVIDIA H100", 989.0), ("NVIDIA A100", 312.0),
+    ("NVIDIA L4", 121.0),
+)
+
+
+def train_flops(config: Qwen3VLConfig, *, tokens: int, seq_len: int, patches: int = 0, images: int = 0) -> float:
+    """Returns the model FLOPs of one training pass (3 x forward) over `tokens` text tokens in rows of
+    `seq_len` and `patches` vision patches from `images` images."""
+    t, v = config.text, config.vision
+    d, hd = t.hidden_size, t.head_dim
+    proj = 2 * d * hd * (2 * t.num_attention_heads + 2 * t.num_key_value_heads)
+    mlp = 2 * 3 * d * t.intermediate_size
+    attn = 2 * 2 * seq_len * hd * t.num_attention_heads / 2  # causal: on average half the row is visible
+    text = tokens * (t.num_hidden_layers * (proj + mlp + attn) + 2 * d * t.vocab_size)
+    vision = 0.0
+    if patches:
+        dv = v.hidden_size
+        per_patch = 2 * (4 * dv * dv + 2 * dv * v.intermediate_size)
+        patches_per_image = patches / max(images, 1)
+        vision = patches * (v.depth * (per_patch + 2 * 2 * patches_per_image * dv) + 2 * v.patch_dim * dv)
+        merged = patches / v.spatial_merge_size ** 2
+        vision += merged * (1 + len(v.deepstack_visual_indexes)) * 2 * (
+            v.merged_hidden_size ** 2 + v.merged_hidden_size * v.out_hidden_size)
+    return 3.0 * (text + vision)
+
+
+def peak_flops_per_device(configured_tflops: float = 0.0) -> float:
+    """Returns peak FLOP/s of one device: the configured figure, the table's for accelerators, or a
+    measured fp32 matmul rate on CPU (~0.3 s)."""
+    import jax
+    if configured_tflops and configured_tflops > 0:
+        return configured_tflops * 1e12
+    device = jax.devices()[0]
+    for prefix, tflops in PEAK_TFLOPS:
+        if device.device_kind.startswith(prefix):
+            return tflops * 1e12
+    if device.platform != "cpu":
+        return 0.0  # unknown accelerator: no MFU rather than a wrong one (set config.train.metrics.peak_tflops)
+    return _measured_matmul_flops()
+
+
+def _measured_matmul_flops(n: int = 1024, seconds: float = 0.3) -> float:
+    import jax
+    import jax.numpy as jnp
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n), np.float32))
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best, end = 0.0, time.time() + seconds
+    while time.time() < end:
+        start = time.perf_counter()
+        f(a).block_until_ready()
+        best = max(best, 2 * n ** 3 / (time.perf_counter() - start))
+    # Host CPU "devices" (--xla_force_host_platform_device_count) share the same cores: split the rate.
+    return best / max(len(jax.devices()), 1)
+
+
+class MetricsWriter:
+    """Writes scalar metrics to TensorBoard event files and metrics.jsonl, and a line to the console.
+
+    Only the writing process (process 0) touches files; the others keep silent.
+    """
+
+    def __init__(self, directory: str | pathlib.Path, *, enabled: bool = True, total_steps: int = 0,
+                 initial_step: int = 0, progress: bool = True):
+        self.directory = pathlib.Path(directory)
+        self.enabled = enabled
+        self._tb = None
+        self._jsonl = None
+        self._bar = None
+        if enabled:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            from tensorboardX import SummaryWriter
+            self._tb = SummaryWriter(str(self.directory / "tensorboard"))
+            self._jsonl = open(self.directory / "metrics.jsonl", "a")
+            if progress:
+                from tqdm import tqdm
+                self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True,
+                                 desc=self.directory.name)
+
+    def progress(self, step: int, loss: float | None = None) -> None:
+        """Advances the progress bar to `step`."""
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+            if loss is not None:
+                self._bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+
+    def write(self, step: int, scalars: dict[str, Any]) -> None:
+        """Writes `scalars` (name -> number) for `step` to every sink."""
+        if not self.enabled:
+            return
+        clean = {k: float(v) for k, v in scalars.items() if v is not None}
+        for name, value in clean.items():
+            self._tb.add_scalar(f"train/{name}", value, step)
+        self._tb.flush()
+        self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+        self._jsonl.flush()
+        line = f"[train] step {step}: " + "  ".join(f"{k} {_fmt(v)}" for k, v in clean.items())
+        if self._bar is not None:
+            self._bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def message(self, text: str) -> None:
+        """Prints a line to the console (above the progress bar)."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        self._bar = self._tb = self._jsonl = None
+
+
+def _fmt(value: float) -> str:
+    if value == 0 or 1e-3 <= abs(value) < 1e5:
+        return f"{value:.4g}"
+    return f"{value:.3e}"
+
+
+def read_metrics(path: str | pathlib.Path) -> dict[int, dict[str, float]]:
+    """Returns {step: scalars} from a metrics.jsonl; a step written twice (a resumed run) keeps its last line."""
+    out: dict[int, dict[str, float]] = {}
+    for line in pathlib.Path(path).read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            out[int(record.pop("step"))] = record
+    return out

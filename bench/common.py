@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,14 +55,5 @@ def image_batch(rng: np.random.Generator, batch: int, length: int, grid=(1, 8, 8
 
 def peak_matmul_gflops(seconds: float = 2.0, n: int = 2048) -> float:
     """Returns the best fp32 matmul GFLOP/s of jax on this machine (the MFU denominator)."""
-    import jax
-    import jax.numpy as jnp
-    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n), np.float32))
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best, end = 0.0, time.time() + seconds
-    while time.time() < end:
-        t0 = time.perf_counter()
-        f(a).block_until_ready()
-        best = max(best, 2 * n ** 3 / (time.perf_counter() - t0) / 1e9)
-    return best
+    from rmsweb_jax.train.metrics import measured_matmul_flops
+    return measured_matmul_flops(n, seconds) / 1e9

@@ -56,10 +56,12 @@ def peak_flops_per_device(configured_tflops: float = 0.0) -> float:
             return tflops * 1e12
     if device.platform != "cpu":
         return 0.0  # unknown accelerator: no MFU rather than a wrong one (set config.train.metrics.peak_tflops)
-    return _measured_matmul_flops()
+    # Host CPU "devices" (--xla_force_host_platform_device_count) share the same cores: split the rate.
+    return measured_matmul_flops() / max(len(jax.devices()), 1)
 
 
-def _measured_matmul_flops(n: int = 1024, seconds: float = 0.3) -> float:
+def measured_matmul_flops(n: int = 1024, seconds: float = 0.3) -> float:
+    """Returns the best fp32 [n, n] matmul FLOP/s of jax on the default device over `seconds`."""
     import jax
     import jax.numpy as jnp
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n), np.float32))
@@ -70,8 +72,7 @@ def _measured_matmul_flops(n: int = 1024, seconds: float = 0.3) -> float:
         start = time.perf_counter()
         f(a).block_until_ready()
         best = max(best, 2 * n ** 3 / (time.perf_counter() - start))
-    # Host CPU "devices" (--xla_force_host_platform_device_count) share the same cores: split the rate.
-    return best / max(len(jax.devices()), 1)
+    return best
 
 
 class MetricsWriter:

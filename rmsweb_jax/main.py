@@ -29,7 +29,9 @@ def run_stages(config, workdir: str | pathlib.Path) -> None:
     """Runs config.stages in order, recording each stage's wall time in workdir/stages.json."""
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    stages = [config.stages] if isinstance(config.stages, str) else list(config.stages)
+    # `--config.stages=collect,sft` arrives as one string: read it as the list it names.
+    stages = ([s.strip() for s in config.stages.split(",") if s.strip()] if isinstance(config.stages, str)
+              else list(config.stages))
     table = stage_table()
     unknown = [s for s in stages if s not in table]
     if unknown:

@@ -35,6 +35,10 @@ def test_unknown_stage_is_named(tmp_path):
     config = ml_collections.ConfigDict({"stages": ("model", "sft_typo")})
     with pytest.raises(ValueError, match=r"unknown stage\(s\) \['sft_typo'\]; known stages: \[.*'model'.*\]"):
         entry.run_stages(config, tmp_path)
+    # a comma-separated override string names several stages, each checked
+    config = ml_collections.ConfigDict({"stages": "model, sft_typo,collect_typo"})
+    with pytest.raises(ValueError, match=r"unknown stage\(s\) \['sft_typo', 'collect_typo'\]"):
+        entry.run_stages(config, tmp_path)
 
 
 def test_missing_flags_fail_with_usage():

@@ -10,11 +10,16 @@ leaves at worst a temporary directory that is ignored and cleaned up on the next
 Arrays are saved without Orbax's replica-parallel slicing below 16 MiB per slice: that path runs
 one eagerly compiled slice per array and device, which made the first save of the tiny model take
 ~60 s on 8 CPU devices (0.2 s without it); large arrays still split their writes across replicas.
+
+Orbax logs ~20 INFO lines per save through absl; they are dropped (warnings and errors pass) unless
+RMSWEB_ORBAX_INFO=1 is set, so the progress bar and metrics stay readable.
 """
 from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
+import os
 import pathlib
 from typing import Any
 
@@ -23,6 +28,21 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import type_handlers
 
 REPLICA_PARALLEL_MIN_BYTES = 16 << 20
+
+
+class _OrbaxInfoFilter(logging.Filter):
+    """Drops Orbax's INFO (and below) records from the absl logger; keeps everything else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
+def _quiet_orbax() -> None:
+    if os.environ.get("RMSWEB_ORBAX_INFO") == "1":
+        return
+    logger = logging.getLogger("absl")
+    if not any(isinstance(f, _OrbaxInfoFilter) for f in logger.filters):
+        logger.addFilter(_OrbaxInfoFilter())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +58,7 @@ class Checkpointer:
     """Saves every `every_steps` steps (plus forced saves), keeps the newest `keep`, restores the latest."""
 
     def __init__(self, directory: str | pathlib.Path, *, every_steps: int, keep: int, async_save: bool = True):
+        _quiet_orbax()
         if every_steps < 1:
             raise ValueError(f"config.train.checkpoint.every_steps = {every_steps}: expected an integer >= 1")
         if keep < 1:

@@ -20,7 +20,9 @@ constructor to have unsupported tasks rejected up front instead.
 Injected mistakes (MistakeConfig) are drawn per (task id, episode seed, step) — never per
 attempt — so a retry repeats attempt 1's mistakes unless a reflection in its context names the
 step and kind ("Step 2 (wrong element): ..."). The teacher's own reflect() writes exactly such
-text, so a retry with reflections avoids them and, without its needless detours, is shorter.
+text, so a retry with reflections avoids them and drops the detours they name. (Retried
+successes are not shorter on average than first-attempt ones: the tasks that fail first are the
+longer ones, and early stops end failed attempts early.)
 Episode identity comes from StepContext.key, "<request id>/<step>", with request ids like
 "<task id>#<seed>@<attempt>": the mistake draw uses the part before "@", the per-episode memory
 the whole request id. `step` is StepContext.step, 0-based; reflections number steps from 1.

@@ -3,13 +3,11 @@
 One model per module, and few distinct (batch, length bucket, images) shapes: each new shape is a
 jit compile, which is what these tests pay for.
 """
-import io
 import json
 import threading
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
 
 from rmsweb_jax.agents.chat_model import (ChatModel, Completion, default_stop_token_ids,
                                           image_config_from_checkpoint)
@@ -23,6 +21,7 @@ from rmsweb_jax.web.action_text import PARSE_ERROR_REASONS, format_action, parse
 from rmsweb_jax.web.actions import Action
 from rmsweb_jax.web.elements import BBox, Element
 from rmsweb_jax.web.observation import Observation
+from tests.agents.screens import labelled_png as _png
 
 SMALL = ImageProcessorConfig(min_pixels=1024, max_pixels=4096)
 GREEDY = SamplingParams(max_new_tokens=6)  # one max_new_tokens for every test: it is a static jit argument
@@ -34,16 +33,6 @@ def chat_model(tmp_path_factory):
                            patch_bucket=64, max_batch=2, length_buckets=(64, 2560))
     yield model
     model.close()
-
-
-def _png(label: str, size=(200, 100)) -> bytes:
-    image = Image.new("RGB", size, "white")
-    draw = ImageDraw.Draw(image)
-    draw.rectangle([10, 10, 90, 40], fill=(30, 140, 60))
-    draw.text((14, 18), label, fill="white")
-    buf = io.BytesIO()
-    image.save(buf, "PNG")
-    return buf.getvalue()
 
 
 def _observation(label: str) -> Observation:

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from rmsweb_jax.agents.policy import PastStep, ReflectionRequest, StepContext
 from rmsweb_jax.agents.prompt import (ACTION_DOCS, ARGUMENT_TYPES, REFLECTION_HEADER, PromptBuilder, PromptConfig,
@@ -17,6 +17,7 @@ from rmsweb_jax.web.action_text import format_action, parse_action
 from rmsweb_jax.web.actions import ACTION_NAMES, RELATIVE, Action, ActionError, CoordinateSpace
 from rmsweb_jax.web.elements import BBox, Element
 from rmsweb_jax.web.observation import Observation
+from tests.agents.screens import labelled_png as _png
 
 SMALL = ImageProcessorConfig(min_pixels=4096, max_pixels=16384)
 EXAMPLE_ARGS = {"coordinate": [10, 20], "text": "hello", "press_enter": True, "clear": True, "keys": ["Enter"],
@@ -28,16 +29,6 @@ def tokenizer(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_tokenizer")
     build_tiny_tokenizer(folder)
     return load_tokenizer(folder)
-
-
-def _png(label: str, size=(200, 100)) -> bytes:
-    image = Image.new("RGB", size, "white")
-    draw = ImageDraw.Draw(image)
-    draw.rectangle([10, 10, 90, 40], fill=(30, 140, 60))
-    draw.text((14, 18), label, fill="white")
-    buf = io.BytesIO()
-    image.save(buf, "PNG")
-    return buf.getvalue()
 
 
 def _observation(label="now", coordinates="relative", elements=None, **kw) -> Observation:

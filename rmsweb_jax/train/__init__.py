@@ -2,6 +2,7 @@
 
 Modules, one job each:
   batch       the batch contract (below) and its host-side preparation and device placement
+  global_images  several processes: every process gathers all images and builds the global vision inputs
   loss        token-weighted losses as (sum, denominator); the SFT cross-entropy
   optimizer   AdamW + linear warmup + cosine decay + global-norm clipping from config.train.optimizer
   step        TrainState, shardings, the jitted step (microbatch scan, exact accumulation)

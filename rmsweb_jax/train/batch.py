@@ -25,6 +25,10 @@ every data-parallel device). MRoPE position ids are computed here per packed seq
 of transformers' get_rope_index, restarting at each sequence); targets[t] = input_ids[t + 1] and
 weights[t] = loss_mask[t + 1], with weight 0 at the last position. `to_global` assembles the
 global jax.Arrays over the mesh with `jax.make_array_from_process_local_data`.
+
+With several processes, per-row arrays stay per process (each process places its own rows) but the
+vision inputs, replicated on the mesh, are those of the whole global batch: every process gathers
+all processes' images and builds the same ones (global_images.py says why and how).
 """
 from __future__ import annotations
 
@@ -138,8 +142,13 @@ def validate_batch(batch: Mapping[str, Any], rows: int | None = None) -> dict[st
 
 # ---- host preparation ----------------------------------------------------------------------------------
 def prepare_batch(batch: Mapping[str, Any], config: Qwen3VLConfig, microbatches: int = 1,
-                  rows: int | None = None) -> TrainBatch:
-    """Returns the TrainBatch (numpy, [M, B/M, ...]) of a contract batch (see the module docstring)."""
+                  rows: int | None = None, mesh=None, rules=sharding.DEFAULT_RULES) -> TrainBatch:
+    """Returns the TrainBatch (numpy, [M, B/M, ...]) of a contract batch (see the module docstring).
+
+    mesh, rules: where the rows will be placed; needed with several processes only, whose vision
+    inputs list the images of all processes' rows in their global order (a collective: every process
+    must call prepare_batch for every step).
+    """
     b = validate_batch(batch, rows)
     ids, seg, mask = b["input_ids"], b["segment_ids"], b["loss_mask"]
     # Padding too: an out-of-range id embeds as NaN (jnp.take's fill), which masked attention still multiplies.
@@ -158,7 +167,9 @@ def prepare_batch(batch: Mapping[str, Any], config: Qwen3VLConfig, microbatches:
     weights[:, :-1] = mask[:, 1:]
     position_ids, deltas = _position_ids(config, ids, seg, images)
     vision = None
-    if images is not None:
+    if jax.process_count() > 1:
+        vision = _global_vision(b, config, images, microbatches, mesh, rules)
+    elif images is not None:
         vision = _stack([_vision(config, images, rows_m, _patch_budget(images, order, b["pixel_values"].shape[0],
                                                                        config)) for rows_m in order])
     inputs = ModelInputs(
@@ -167,6 +178,19 @@ def prepare_batch(batch: Mapping[str, Any], config: Qwen3VLConfig, microbatches:
         rope_deltas=_stack([deltas[r] for r in order]))
     extras = {k: _stack([v[r] for r in order]) for k, v in b.items() if k not in CONTRACT_KEYS}
     return TrainBatch(inputs, _stack([targets[r] for r in order]), _stack([weights[r] for r in order]), extras)
+
+
+def _global_vision(b, config: Qwen3VLConfig, images, microbatches: int, mesh, rules) -> VisionInputs | None:
+    """Returns the VisionInputs of every process's images (global_images.py), the same on every process."""
+    from rmsweb_jax.train import global_images  # builds on this module's helpers: imported when needed
+    if mesh is None:
+        raise ValueError(f"{jax.process_count()} processes need a mesh over their devices to place a batch "
+                         "(config.mesh.shape has 1 device)")
+    n_rows, length = b["input_ids"].shape
+    shape = (microbatches, n_rows // microbatches * jax.process_count(), length)
+    given = b["pixel_values"].shape[0] if "pixel_values" in b else 0
+    return global_images.gathered_vision(config, images, n_rows, given, microbatches,
+                                         _row_sharding(mesh, rules, shape, 1), shape)
 
 
 def _stack(parts):
@@ -294,9 +318,10 @@ def batch_shardings(batch: TrainBatch, mesh, rules=sharding.DEFAULT_RULES) -> Tr
         return None
 
     def rows(x, row_axis=1):
-        axes = [None] * x.ndim
-        axes[row_axis] = "batch"
-        return NamedSharding(mesh, sharding.logical_to_spec(tuple(axes), rules, mesh, x.shape))
+        shape = list(x.shape)
+        if not isinstance(x, jax.Array):  # host rows of this process: the global array has them all
+            shape[row_axis] *= jax.process_count()
+        return _row_sharding(mesh, rules, shape, row_axis)
 
     replicated = NamedSharding(mesh, PartitionSpec())
     inp = batch.inputs
@@ -308,29 +333,42 @@ def batch_shardings(batch: TrainBatch, mesh, rules=sharding.DEFAULT_RULES) -> Tr
         extras={k: rows(v) for k, v in batch.extras.items()})
 
 
+def _row_sharding(mesh, rules, global_shape, row_axis: int) -> NamedSharding:
+    """Returns the sharding of an array of `global_shape` whose `row_axis` holds the batch rows."""
+    axes = [None] * len(global_shape)
+    axes[row_axis] = "batch"
+    return NamedSharding(mesh, sharding.logical_to_spec(tuple(axes), rules, mesh, tuple(global_shape)))
+
+
 def to_global(batch: TrainBatch, shardings: TrainBatch | None) -> TrainBatch:
     """Returns the TrainBatch as global jax.Arrays: this process's rows placed with
     `jax.make_array_from_process_local_data` (plain device_put without a mesh)."""
     if shardings is None:
         return jax.tree.map(jax.device_put, batch)
-    if jax.process_count() > 1 and batch.inputs.vision is not None:
-        # Each process would have to place its own patches, and the model gathers image features by a
-        # batch-global running count of image tokens: a per-process layout needs that count per process.
-        raise NotImplementedError("image batches across several processes are not supported yet: run image "
-                                  "training in one process (any number of local devices)")
 
     def place(x, s):
-        if s.is_fully_replicated:
+        if s.is_fully_replicated:  # vision inputs: the same global array on every process
             return jax.make_array_from_process_local_data(s, x, x.shape)
         return jax.make_array_from_process_local_data(s, x)
 
-    return jax.tree.map(place, batch, shardings)
+    placed = jax.tree.map(place, batch, shardings)
+    local, rows = batch.targets.shape[1], placed.targets.shape[1]
+    if rows != local * jax.process_count():
+        raise ValueError(f"{jax.process_count()} processes' {local} rows per microbatch were placed as {rows} global "
+                         f"rows under {shardings.targets}: the mesh must split the batch axes (data, fsdp) across "
+                         "processes, each process holding its own rows")
+    return placed
 
 
-def batch_counts(batch: TrainBatch) -> dict[str, int]:
-    """Returns this process's token counts (real tokens, target tokens, real image patches) for metrics."""
+def batch_counts(batch: TrainBatch) -> dict[str, float]:
+    """Returns this process's token counts (real tokens, target tokens, real image patches) for metrics.
+
+    With several processes the vision inputs are the whole batch's: patches and images are then this
+    process's share (the total / process count), so that the loop's count x process count is the total.
+    """
     vision = batch.inputs.vision
+    share = 1 / jax.process_count() if jax.process_count() > 1 else 1
     return {"tokens": int((np.asarray(batch.inputs.segment_ids) > 0).sum()),
             "target_tokens": int((np.asarray(batch.weights) != 0).sum()),
-            "patches": 0 if vision is None else int((np.asarray(vision.segment_ids) > 0).sum()),
-            "images": 0 if vision is None else int(np.asarray(vision.segment_ids).max(axis=-1).sum())}
+            "patches": 0 if vision is None else int((np.asarray(vision.segment_ids) > 0).sum()) * share,
+            "images": 0 if vision is None else int(np.asarray(vision.segment_ids).max(axis=-1).sum()) * share}

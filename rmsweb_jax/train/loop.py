@@ -146,7 +146,8 @@ class Trainer:
 
         data_state: the batch source's state *after* this batch (saved with a checkpoint of this step).
         """
-        batch = batch_lib.prepare_batch(host_batch, self.model_config, self.settings.microbatches, rows=self.local_rows)
+        batch = batch_lib.prepare_batch(host_batch, self.model_config, self.settings.microbatches, rows=self.local_rows,
+                                        mesh=self.mesh, rules=self.rules)
         counts = batch_lib.batch_counts(batch)
         placed = batch_lib.to_global(batch, batch_lib.batch_shardings(batch, self.mesh, self.rules))
         self.state, metrics = self.train_step(self.state, placed)

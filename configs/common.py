@@ -75,7 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 8                # global rows per step; divisible by microbatches x mesh data*fsdp
     c.train.microbatches = 1              # gradient accumulation: microbatches scanned per step
-    c.train.loss_impl = "auto"            # auto | chunked | reference | pallas | pallas_interpret (token log-probs)
+    c.train.loss_impl = "auto"            # auto | fused | chunked | reference | pallas | pallas_interpret (token log-probs)
     c.train.export_hf = True              # write <workdir>/<stage>/hf (to_hf) at the end
     c.train.optimizer = ml_collections.ConfigDict()
     c.train.optimizer.lr = 1e-5

@@ -32,16 +32,16 @@ def model_flops_per_step(cfg, batch: int, length: int, patches: int) -> float:
     return 3.0 * (text + vis + mergers)
 
 
-def make_ours(ckpt, ids, pixels, grid):
+def make_ours(ckpt, ids, pixels, grid, scan_layers: bool = False):
     """Returns (run one step -> loss, first-step loss, model config) for our jitted training step."""
     import jax
     import jax.numpy as jnp
     import optax
     from flax import nnx
-    from rmsweb_jax.models.qwen3_vl import from_hf, prepare_inputs
+    from rmsweb_jax.models.qwen3_vl import RuntimeOptions, from_hf, prepare_inputs
     from rmsweb_jax.train.loss import resolve_loss_impl, token_cross_entropy
 
-    model = from_hf(ckpt)
+    model = from_hf(ckpt, runtime=RuntimeOptions(scan_layers=scan_layers))
     inputs = prepare_inputs(model.config, ids, pixel_values=pixels, image_grid_thw=grid)
     inputs = jax.tree.map(jnp.asarray, inputs)
     labels = jnp.asarray(ids[:, 1:], jnp.int32)
@@ -109,6 +109,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="3 timed steps each (about a minute)")
     parser.add_argument("--steps", type=int, default=8, help="timed steps each, alternating; the median counts")
+    parser.add_argument("--scan-layers", action="store_true",
+                        help="run our layers as one lax.scan (the default for deep models); without it a Python "
+                             "loop over the 4 layers (config.model.scan_layers = False)")
     args = parser.parse_args()
     steps = 3 if args.quick else args.steps
     batch, length = 4, 512
@@ -117,7 +120,7 @@ def main():
     peak_before = common.peak_matmul_gflops(1.0 if args.quick else 3.0)
     with tempfile.TemporaryDirectory() as d:
         torch_model = common.write_bench_checkpoint(d)
-        ours_run, ours_loss, cfg = make_ours(d, ids, pixels, grid)
+        ours_run, ours_loss, cfg = make_ours(d, ids, pixels, grid, args.scan_layers)
         torch_run, torch_loss = make_torch(torch_model, ids, pixels, grid)
         timed = interleaved({"ours": ours_run, "torch": torch_run}, steps)
     ours_s, torch_s = timed["ours"], timed["torch"]
@@ -128,12 +131,13 @@ def main():
     mfu = flops / ours_s / 1e9 / peak
     torch_mfu = flops / torch_s / 1e9 / peak
     print(f"first-step loss: ours {ours_loss:.5f}  torch {torch_loss:.5f}  (same weights and inputs)")
-    print(f"step time (median of {steps}, alternating): ours {ours_s * 1e3:.1f} ms  torch {torch_s * 1e3:.1f} ms")
+    print(f"step time (median of {steps}, alternating): ours {ours_s * 1e3:.1f} ms (scan_layers={args.scan_layers})  "
+          f"torch {torch_s * 1e3:.1f} ms")
     print(f"tokens/s: ours {tokens / ours_s:.0f}  torch {tokens / torch_s:.0f}  ratio {torch_s / ours_s:.2f}x")
     print(f"peak fp32 matmul {peak:.1f} GFLOP/s; model FLOPs/step {flops / 1e9:.1f} G; "
           f"MFU ours {mfu:.1%}  torch {torch_mfu:.1%}")
     common.emit("train_step", tokens / ours_s, tokens / torch_s, "tokens/s", 1.2, mfu=round(mfu, 3),
-                torch_mfu=round(torch_mfu, 3), peak_gflops=round(peak, 1))
+                torch_mfu=round(torch_mfu, 3), peak_gflops=round(peak, 1), scan_layers=args.scan_layers)
 
 
 if __name__ == "__main__":

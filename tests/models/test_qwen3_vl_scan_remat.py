@@ -1,4 +1,5 @@
-"""Scanned layers: the compiled program does not grow with depth, and every remat policy gives the same gradients."""
+"""Scanned layers: the compiled program does not grow with depth; every remat policy and the unscanned
+layer loop give the same gradients; the loop decodes like the scan."""
 import dataclasses
 
 import jax
@@ -58,6 +59,31 @@ def test_remat_policies_give_the_same_gradients(remat_case, policy):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-def test_unknown_remat_policy_is_named():
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_layer_loop_gives_the_scans_gradients(remat_case, policy):
+    grads, want = remat_case
+    got = grads(RuntimeOptions(scan_layers=False, remat_policy=policy))
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_layer_loop_decodes_like_the_scan():
+    from rmsweb_jax.sampling.sampler import Sampler, SamplingParams
+    cfg = tiny(num_hidden_layers=3)
+    _, state = nnx.split(create(cfg, seed=5))
+    prompts = [[11, 12, 13, 14, 15], [21, 22, 23]]
+    out = {}
+    for scan in (True, False):
+        graphdef, _ = nnx.split(abstract_model(cfg, RuntimeOptions(scan_layers=scan)))
+        model = nnx.merge(graphdef, state)
+        result = Sampler(model, length_buckets=(8,)).generate(prompts, SamplingParams(max_new_tokens=6))
+        out[scan] = (np.asarray(result.tokens), np.asarray(result.logprobs))
+    np.testing.assert_array_equal(out[True][0], out[False][0])
+    np.testing.assert_allclose(out[True][1], out[False][1], rtol=1e-5, atol=1e-6)
+
+
+def test_unknown_remat_policy_and_bad_scan_layers_are_named():
     with pytest.raises(ValueError, match="remat_policy"):
         RuntimeOptions(remat_policy="sometimes")
+    with pytest.raises(ValueError, match="scan_layers"):
+        RuntimeOptions(scan_layers="no")

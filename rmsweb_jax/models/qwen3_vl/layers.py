@@ -83,3 +83,22 @@ def values(module: nnx.Module, names) -> dict[str, jax.Array]:
 def num_params(tree) -> int:
     """Returns the total element count of a pytree of arrays or ShapeDtypeStructs."""
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(tree)))
+
+
+def run_layers(body, carry, xs, *, scan: bool = True):
+    """Returns (carry, stacked ys) of body over the leading axis of xs: lax.scan, or a Python loop.
+
+    The loop (scan=False) is MaxText's `scan_layers=False`: compile time grows with depth, but each
+    layer's residuals are separate arrays instead of slices of stacked buffers that the scan zero-fills
+    and writes every step. None leaves of xs stay None.
+    """
+    if scan:
+        return jax.lax.scan(body, carry, xs)
+    n = jax.tree.leaves(xs)[0].shape[0]
+    ys = []
+    for i in range(n):
+        carry, y = body(carry, jax.tree.map(lambda a: a[i], xs))
+        ys.append(y)
+    if all(y is None for y in ys):
+        return carry, None
+    return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys)

@@ -1,8 +1,9 @@
 """Qwen3-VL text decoder: GQA with per-head q/k RMSNorm, interleaved MRoPE, SwiGLU, DeepStack.
 
 Decoder layers are stacked on a leading `layers` axis and run by one `lax.scan` (optionally
-rematerialized). The same scan serves training (no cache), prefill and decode (static KV cache,
-written in place with `dynamic_update_slice`).
+rematerialized; `RuntimeOptions.scan_layers=False` runs the same body as a Python loop). The same
+scan serves training (no cache), prefill and decode (static KV cache, written in place with
+`dynamic_update_slice`).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from jax.ad_checkpoint import checkpoint_name
 from rmsweb_jax.models import sharding
 from rmsweb_jax.models.attention import attention
 from rmsweb_jax.models.qwen3_vl.config import RuntimeOptions, TextConfig
-from rmsweb_jax.models.qwen3_vl.layers import DTYPES, dense, param, remat, rms_norm, values
+from rmsweb_jax.models.qwen3_vl.layers import DTYPES, dense, param, remat, rms_norm, run_layers, values
 from rmsweb_jax.models.qwen3_vl.rope import apply_rope
 
 LAYER_PARAMS = ("input_norm", "q_kernel", "k_kernel", "v_kernel", "o_kernel", "q_norm", "k_norm",
@@ -133,7 +134,7 @@ class TextDecoder(nnx.Module):
         body = remat(layer, self.runtime.remat_policy)
         ck, cv = (cache.k, cache.v) if cache is not None else (None, None)
         xs = (values(self, LAYER_PARAMS), jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), ck, cv)
-        x, new_kv = jax.lax.scan(body, x, xs)
+        x, new_kv = run_layers(body, x, xs, scan=self.runtime.scan_layers)
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         if cache is None:
             return x, None

@@ -1,9 +1,9 @@
 """Qwen3-VL vision tower: patch embed, interpolated learned positions, 2D RoPE blocks, mergers.
 
 Blocks are stacked along a leading `layers` axis and run with one `lax.scan`, so compile time does
-not grow with depth. DeepStack taps (hidden states after the blocks listed in
-`deepstack_visual_indexes`) are collected inside the same scan into a small carry buffer and
-merged afterwards by their own stacked mergers.
+not grow with depth (`RuntimeOptions.scan_layers=False`: a Python loop instead). DeepStack taps
+(hidden states after the blocks listed in `deepstack_visual_indexes`) are collected inside the same
+scan into a small carry buffer and merged afterwards by their own stacked mergers.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rmsweb_jax.models import sharding
 from rmsweb_jax.models.attention import attention
 from rmsweb_jax.models.qwen3_vl import rope
 from rmsweb_jax.models.qwen3_vl.config import RuntimeOptions, VisionConfig
-from rmsweb_jax.models.qwen3_vl.layers import DTYPES, dense, layer_norm, param, remat, rotate_half, values
+from rmsweb_jax.models.qwen3_vl.layers import DTYPES, dense, layer_norm, param, remat, rotate_half, run_layers, values
 
 BLOCK_PARAMS = ("norm1_scale", "norm1_bias", "qkv_kernel", "qkv_bias", "proj_kernel", "proj_bias",
                 "norm2_scale", "norm2_bias", "fc1_kernel", "fc1_bias", "fc2_kernel", "fc2_bias")
@@ -124,7 +124,8 @@ class VisionTower(nnx.Module):
             return (h, taps), None
 
         body = remat(block, self.runtime.remat_policy)
-        (x, taps), _ = jax.lax.scan(body, (x, taps), (values(self, BLOCK_PARAMS), ds_slot))
+        (x, taps), _ = run_layers(body, (x, taps), (values(self, BLOCK_PARAMS), ds_slot),
+                                  scan=self.runtime.scan_layers)
         merged = merge(values(self.merger, MERGER_PARAMS), x, cfg.merged_hidden_size, False, dt)
         if not n_ds:
             return merged, None

@@ -154,8 +154,8 @@ class _Oversize:
         return None
 
 
-class BucketBatchDataset(grain.IterDataset):
-    """Batches of `rows` examples, one per row, padded to the smallest bucket holding them all."""
+class _BatchDataset(grain.IterDataset):
+    """What both batchers take: rows per batch, the buckets, the pad id, what to do with oversize examples."""
 
     def __init__(self, parent: grain.IterDataset, *, rows: int, buckets: Buckets, pad_id: int = 0,
                  too_long: str = "error"):
@@ -164,6 +164,10 @@ class BucketBatchDataset(grain.IterDataset):
             raise ValueError(f"rows per batch must be >= 1, got {rows}")
         _Oversize(buckets, too_long)  # validates too_long now rather than in a worker
         self.rows, self.buckets, self.pad_id, self.too_long = rows, buckets, pad_id, too_long
+
+
+class BucketBatchDataset(_BatchDataset):
+    """Batches of `rows` examples, one per row, padded to the smallest bucket holding them all."""
 
     def __iter__(self) -> grain.DatasetIterator:
         return _BucketIterator(self._parent.__iter__(), self)
@@ -202,16 +206,8 @@ class _BucketIterator(grain.DatasetIterator):
         self.oversize.dropped = int(state.get("dropped", 0))
 
 
-class PackBatchDataset(grain.IterDataset):
+class PackBatchDataset(_BatchDataset):
     """Batches of `rows` rows of the largest bucket's length, examples packed first-fit (segment ids)."""
-
-    def __init__(self, parent: grain.IterDataset, *, rows: int, buckets: Buckets, pad_id: int = 0,
-                 too_long: str = "error"):
-        super().__init__(parent)
-        if rows < 1:
-            raise ValueError(f"rows per batch must be >= 1, got {rows}")
-        _Oversize(buckets, too_long)
-        self.rows, self.buckets, self.pad_id, self.too_long = rows, buckets, pad_id, too_long
 
     def __iter__(self) -> grain.DatasetIterator:
         return _PackIterator(self._parent.__iter__(), self)

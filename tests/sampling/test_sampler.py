@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rmsweb_jax.models.qwen3_vl import params
+from rmsweb_jax.models.qwen3_vl.config import RuntimeOptions
 from rmsweb_jax.sampling.sampler import Sampler, SamplingParams, sample_token
 from tests.models import hf_reference as ref
 
@@ -13,12 +14,19 @@ NEW = 32
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def checkpoint(tmp_path_factory):
     d = tmp_path_factory.mktemp("qwen3vl_sampler")
     torch_model = ref.write_checkpoint(d, seed=31)
     torch_model.generation_config.eos_token_id = None
     torch_model.generation_config.pad_token_id = 0
-    return torch_model, params.from_hf(d)
+    return torch_model, d
+
+
+@pytest.fixture(scope="module", params=["per_layer", "stacked"])
+def models(request, checkpoint):
+    """The HF reference and our model, decoding through each decode layout (models/qwen3_vl/decode.py)."""
+    torch_model, d = checkpoint
+    return torch_model, params.from_hf(d, runtime=RuntimeOptions(decode_layout=request.param))
 
 
 def _hf_generate(torch_model, rows, pixels=None, grids=None):
@@ -93,3 +101,16 @@ def test_bad_sampling_params_are_named():
         SamplingParams(top_p=0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingParams(max_new_tokens=0)
+
+
+def test_greedy_token_is_the_first_argmax_with_its_log_softmax():
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((6, 300)).astype(np.float32)
+    logits[1, [7, 90, 200]] = 9.0   # a three-way tie: the first index wins, as in argmax
+    logits[2] = 0.5                 # a flat row
+    logits[3, 299] = 40.0           # the last index
+    tok, lp = sample_token(jnp.asarray(logits), None, 0.0, 1.0, 0, mode=(True, False, False))
+    np.testing.assert_array_equal(np.asarray(tok), np.argmax(logits, axis=-1))
+    assert int(tok[1]) == 7 and int(tok[2]) == 0 and int(tok[3]) == 299
+    want = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))[np.arange(6), np.argmax(logits, axis=-1)]
+    np.testing.assert_allclose(np.asarray(lp), want, atol=1e-6)

@@ -1,0 +1,96 @@
+"""Decode steps over the per-layer weight layout (models/qwen3_vl/decode.py) give the stacked path's logits
+and cache, for every shape family of the parity tests, on the one-row (dot) and several-row (multiply-reduce)
+products."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rmsweb_jax.models.qwen3_vl import KVCache, ModelInputs, RuntimeOptions, create, prepare_inputs, tiny
+from rmsweb_jax.models.qwen3_vl import decode
+
+CASES = {
+    "gqa_untied": dict(),
+    "tied": dict(tie_word_embeddings=True),
+    "heads_x_head_dim_ne_hidden": dict(head_dim=32, num_attention_heads=4, num_key_value_heads=1),
+}
+
+
+def _prompt(cfg, batch: int, rng):
+    """Left-padded text rows of different lengths; with 3+ rows, row 0 holds a 2x4-patch image."""
+    lengths = [5, 12, 9, 7][:batch]
+    ids = np.zeros((batch, 12), np.int32)
+    mask = np.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, 12 - n:] = rng.integers(10, cfg.text.vocab_size, n)
+        mask[i, 12 - n:] = 1
+    kw = {}
+    if batch >= 3:
+        ids[0, 8:10] = cfg.image_token_id
+        kw = dict(pixel_values=rng.standard_normal((8, cfg.vision.patch_dim)).astype(np.float32),
+                  image_grid_thw=np.array([[1, 2, 4]]))
+    return prepare_inputs(cfg, ids, attention_mask=mask, **kw)
+
+
+@pytest.mark.parametrize("case,batch", [(c, 3) for c in sorted(CASES)] + [("gqa_untied", 1)])
+def test_per_layer_steps_equal_stacked_steps(case, batch):
+    cfg = tiny(**CASES[case])
+    model = create(cfg, seed=7)
+    inputs = _prompt(cfg, batch, np.random.default_rng(batch))
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def run(state, inputs):
+        m = nnx.merge(graphdef, state)
+        cache = KVCache.zeros(cfg.text, batch, inputs.input_ids.shape[1] + 2)
+        hidden, cache = m.hidden_states(inputs, cache)
+        first = jnp.argmax(m.logits(hidden[:, -1:])[:, 0], axis=-1).astype(jnp.int32)
+        next_pos = jnp.max(inputs.position_ids, axis=(0, 2)) + 1
+        weights, step_cache = decode.step_weights(m.text), decode.step_cache(cache)
+        stacked, per_layer, tok = [], [], (first, first)
+        for step in range(2):
+            pos = jnp.broadcast_to((next_pos + step)[None, :, None], (3, batch, 1)).astype(jnp.int32)
+            step_inputs = ModelInputs(tok[0][:, None], jnp.ones((batch, 1), jnp.int32), pos, None, inputs.rope_deltas)
+            h, cache = m.hidden_states(step_inputs, cache)
+            stacked.append(m.logits(h)[:, 0])
+            h2, step_cache = decode.step_hidden(m.text, weights, step_cache, tok[1], pos)
+            per_layer.append(decode.step_logits(weights, h2))
+            tok = (jnp.argmax(stacked[-1], -1).astype(jnp.int32), jnp.argmax(per_layer[-1], -1).astype(jnp.int32))
+        return stacked, per_layer, cache, step_cache
+
+    stacked, per_layer, cache, step_cache = run(state, inputs)
+    for a, b in zip(stacked, per_layer):
+        assert a.shape == b.shape == (batch, cfg.text.vocab_size)
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-5, rtol=1e-5)
+    for layer in range(cfg.text.num_hidden_layers):  # heads-major per-layer buffers hold the same entries
+        np.testing.assert_allclose(np.asarray(step_cache.k[layer]), np.asarray(cache.k[layer]).transpose(0, 2, 1, 3),
+                                   atol=2e-5)
+        np.testing.assert_allclose(np.asarray(step_cache.v[layer]), np.asarray(cache.v[layer]).transpose(0, 2, 1, 3),
+                                   atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(step_cache.segment_ids), np.asarray(cache.segment_ids))
+    assert int(step_cache.index) == int(cache.index)
+
+
+def test_step_weights_are_out_by_in_copies():
+    cfg = tiny()
+    model = create(cfg, seed=1)
+    w = decode.step_weights(model.text)
+    t = cfg.text
+    qkv = (t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim
+    assert len(w.layers) == t.num_hidden_layers
+    assert w.layers[0]["qkv"].shape == (qkv, t.hidden_size)
+    assert w.layers[0]["o"].shape == (t.hidden_size, t.num_attention_heads * t.head_dim)
+    assert w.layers[0]["gate_up"].shape == (2 * t.intermediate_size, t.hidden_size)
+    assert w.layers[0]["down"].shape == (t.hidden_size, t.intermediate_size)
+    assert w.head.shape == (t.vocab_size, t.hidden_size)
+    np.testing.assert_array_equal(np.asarray(w.layers[1]["down"]), np.asarray(model.text.down_kernel[1]).T)
+
+
+def test_decode_layout_resolution_and_bad_values():
+    cfg = tiny(num_hidden_layers=2)
+    assert decode.use_per_layer(create(cfg))  # auto: CPU, no mesh
+    assert not decode.use_per_layer(create(cfg, RuntimeOptions(decode_layout="stacked")))
+    assert decode.use_per_layer(create(cfg, RuntimeOptions(decode_layout="per_layer")))
+    with pytest.raises(ValueError, match="decode_layout"):
+        RuntimeOptions(decode_layout="transposed")

@@ -17,7 +17,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.remat_policy = "none"         # none | full | dots | dots_with_no_batch_dims | save_attention_out
     c.model.attention_impl = "auto"       # auto (xla on CPU, splash on TPU, cudnn on GPU) | xla | splash | cudnn
     c.model.scan_layers = True            # False: Python loop over layers (faster steps, compile grows with depth)
-    c.model.decode_layout = "auto"        # auto (per_layer on a 1-device CPU, else stacked) | stacked | per_layer
+    c.model.decode_layout = "auto"        # auto (per_layer on one CPU device, copies up to 2 GiB) | stacked | per_layer
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = (1, -1, 1)             # (data, fsdp, tensor); -1 takes the remaining devices

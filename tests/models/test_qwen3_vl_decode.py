@@ -87,9 +87,16 @@ def test_step_weights_are_out_by_in_copies():
     np.testing.assert_array_equal(np.asarray(w.layers[1]["down"]), np.asarray(model.text.down_kernel[1]).T)
 
 
-def test_decode_layout_resolution_and_bad_values():
+def test_decode_layout_resolution_and_bad_values(monkeypatch):
     cfg = tiny(num_hidden_layers=2)
-    assert decode.use_per_layer(create(cfg))  # auto: CPU, no mesh
+    model = create(cfg)
+    assert decode.use_per_layer(model)  # auto: CPU, no mesh, a small copy
+    copy = decode.copy_bytes(model.text)
+    assert copy == 4 * sum(x.size for x in jax.tree.leaves(decode.step_weights(model.text).layers)
+                           if x.ndim == 2) + 4 * cfg.text.vocab_size * cfg.text.hidden_size
+    monkeypatch.setattr(decode, "AUTO_MAX_COPY_BYTES", copy - 1)
+    assert not decode.use_per_layer(model)  # auto keeps big models on the stacked path
+    monkeypatch.undo()
     assert not decode.use_per_layer(create(cfg, RuntimeOptions(decode_layout="stacked")))
     assert decode.use_per_layer(create(cfg, RuntimeOptions(decode_layout="per_layer")))
     with pytest.raises(ValueError, match="decode_layout"):

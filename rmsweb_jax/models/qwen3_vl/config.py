@@ -182,8 +182,8 @@ class RuntimeOptions:
     scan_layers: bool = True
     # How the sampler's decode steps read the text weights (see models/qwen3_vl/decode.py): "per_layer"
     # copies them once per generate call into per-layer [out, in] matrices (2x+ faster steps on CPU,
-    # one extra copy of the weights); "stacked" reads the training layout; "auto": per_layer on CPU
-    # without a mesh, stacked elsewhere.
+    # one extra copy of the weights); "stacked" reads the training layout; "auto": per_layer on one
+    # CPU device when the copy is at most 2 GiB, stacked elsewhere.
     decode_layout: str = "auto"
 
     def __post_init__(self):

@@ -1,20 +1,22 @@
 """One-token decode steps over weights copied into a layout made for them (the CPU sampler's path).
 
 A decode step multiplies a few rows (the batch) by every weight matrix once: its time is the time to
-stream the weights from memory. Two things slow that stream on XLA:CPU with the training layout:
-a dot reads an [in, out] kernel about 1.3-2x slower than the same kernel stored [out, in] (the weight
-as the row-major left operand of a matrix-vector product), and slicing each layer out of the stacked
-parameters inside the decode loop copies every layer's weights on every step.
+stream the weights from memory. Three things slow that stream on XLA:CPU with the training layout:
+slicing each layer out of the stacked parameters inside the decode loop copies every layer's weights
+on every step; XLA's dot kernels stream an [in, out] kernel at 5-10 GB/s here; and the stacked cache is
+transposed to heads-major in every layer of every step.
 
-So once per `generate` call, before the decode loop, `step_weights` copies each layer's kernels out of
-the stack as [out, in] matrices (q/k/v fused into one, gate/up into one), and `step_cache` turns the
-prefill's stacked cache into one heads-major [B, KVH, S, hd] buffer per layer (no transposes per
-step; each layer's buffer written in place in the loop). `step_logits(step_hidden(...))` then gives
-the same logits as the model's own forward, up to summation order.
+So `step_weights` copies each layer's kernels out of the stack as [out, in] matrices (q/k/v fused into
+one, gate/up into one) — the Sampler does this once, at construction and on `refresh()` — and
+`step_cache` turns the prefill's stacked cache into one heads-major [B, KVH, S, hd] buffer per layer,
+written in place in the decode loop. Each product of a few rows with an [out, in] matrix is then a
+multiply fused into a row reduction, which XLA:CPU streams at 11-18 GB/s (`_rows_dot`).
+`step_logits(step_hidden(...))` gives the stacked path's logits up to summation order (tested).
 
-Cost: one extra copy of the text weights while a generate call runs. `RuntimeOptions.decode_layout`
-chooses: "auto" uses it on a single CPU device (where it is 2x+ faster; on TPU/GPU the compiler picks
-layouts itself and an extra copy of an 8B model would not fit), "stacked" never, "per_layer" always.
+Cost: a second copy of the text weights, held by the Sampler. `RuntimeOptions.decode_layout` chooses:
+"auto" uses it on a single CPU device when the copy is at most 2 GiB (2-3x faster steps on the bench
+config; on TPU/GPU the compiler picks layouts itself and a second copy of an 8B model would not fit),
+"stacked" never, "per_layer" always.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from rmsweb_jax.models.qwen3_vl.text import KVCache
 
 
 _FUSED_GEMV = jax.__version_info__ >= (0, 10)
+AUTO_MAX_COPY_BYTES = 2 << 30
 
 
 class StepWeights(NamedTuple):
@@ -48,19 +51,30 @@ class StepCache(NamedTuple):
 
 
 def use_per_layer(model) -> bool:
-    """Returns whether `model` decodes through this module (its runtime's decode_layout, resolved)."""
+    """Returns whether `model` decodes through this module (its runtime's decode_layout, resolved).
+
+    "auto" picks it on a single CPU device when the copy takes at most AUTO_MAX_COPY_BYTES (a real 8B
+    checkpoint loaded on a CPU host for debugging keeps the stacked path instead of doubling its memory).
+    """
     layout = model.runtime.decode_layout
     if layout == "auto":
         device = jax.devices()[0] if model.mesh is None else model.mesh.devices.flat[0]
         one_device = model.mesh is None or model.mesh.size == 1
-        return one_device and device.platform == "cpu"
+        return one_device and device.platform == "cpu" and copy_bytes(model.text) <= AUTO_MAX_COPY_BYTES
     return layout == "per_layer"
+
+
+def copy_bytes(text) -> int:
+    """Returns the bytes `step_weights` allocates for a TextDecoder (its weights in the compute dtype)."""
+    kernels = ("q_kernel", "k_kernel", "v_kernel", "o_kernel", "gate_kernel", "up_kernel", "down_kernel")
+    n = sum(math.prod(getattr(text, name).shape) for name in kernels)
+    n += math.prod(text.embed.shape if text.lm_head is None else text.lm_head.shape)
+    return n * jnp.dtype(DTYPES[text.runtime.compute_dtype]).itemsize
 
 
 def step_weights(text) -> StepWeights:
     """Returns copies of a TextDecoder's weights in the decode-step layout (call inside the jitted program)."""
     cfg, dt = text.cfg, DTYPES[text.runtime.compute_dtype]
-    d = cfg.hidden_size
 
     def rows(kernel, n_in=1):  # [in..., out...] -> [out, in]
         return kernel.astype(dt).reshape(math.prod(kernel.shape[:n_in]), -1).T
@@ -76,7 +90,6 @@ def step_weights(text) -> StepWeights:
             "q_norm": text.q_norm[i], "k_norm": text.k_norm[i],
         })
     head = text.embed[...].astype(dt) if text.lm_head is None else rows(text.lm_head[...])
-    assert head.shape == (cfg.vocab_size, d)
     return StepWeights(tuple(layers), text.final_norm[...], head)
 
 
@@ -115,10 +128,11 @@ def step_hidden(text, weights: StepWeights, cache: StepCache, tokens: jax.Array,
     h, kvh, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     g = h // kvh
     x = jnp.take(text.embed[...], tokens, axis=0).astype(dt)  # [B, D]
-    cos, sin = mrope_cos_sin(position_ids, head_dim=hd, theta=cfg.rope_theta, mrope_section=cfg.mrope_section, dtype=dt)
+    cos, sin = mrope_cos_sin(position_ids, head_dim=hd, theta=cfg.rope_theta, mrope_section=cfg.mrope_section,
+                             dtype=dt)
     index = cache.index
     seg = jax.lax.dynamic_update_slice(cache.segment_ids, jnp.ones((b, 1), jnp.int32), (0, index))
-    visible = (seg != 0)[:, None, None, :]  # [B, 1, 1, S]: every written slot of the row's sequence
+    visible = (seg == 1)[:, None, None, :]  # [B, 1, 1, S]: the written slots of the row's sequence (id 1)
     scale = hd ** -0.5
     ks, vs = list(cache.k), list(cache.v)
     for i, p in enumerate(weights.layers):
@@ -133,7 +147,8 @@ def step_hidden(text, weights: StepWeights, cache: StepCache, tokens: jax.Array,
         vs[i] = jax.lax.dynamic_update_slice(vs[i], v.astype(vs[i].dtype), (0, 0, index, 0))
         qh = q.reshape(b, kvh, g, hd)
         # Scores as a multiply-reduce over hd (XLA:CPU's batched dot costs ~5x more for these tiny products).
-        logits = jnp.sum(qh.astype(jnp.float32)[:, :, :, None, :] * ks[i].astype(jnp.float32)[:, :, None], -1) * scale
+        prod = qh.astype(jnp.float32)[:, :, :, None, :] * ks[i].astype(jnp.float32)[:, :, None]
+        logits = jnp.sum(prod, axis=-1) * scale
         logits = jnp.where(visible, logits, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(logits, axis=-1).astype(dt)
         o = jnp.einsum("bkgs,bksd->bkgd", probs, vs[i].astype(dt)).reshape(b, h * hd)

@@ -11,7 +11,7 @@ from rmsweb_jax.models.mesh_config import mesh_from_config, rules_from_config
 
 
 def runtime_from_config(model_cfg) -> qwen3_vl.RuntimeOptions:
-    """Returns RuntimeOptions from config.model (dtypes, remat policy, attention kernel, layer scan, decode layout)."""
+    """Returns RuntimeOptions from config.model (dtypes, remat, attention kernel, layer scan, decode layout)."""
     return qwen3_vl.RuntimeOptions(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
                                    remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
                                    scan_layers=model_cfg.get("scan_layers", True),

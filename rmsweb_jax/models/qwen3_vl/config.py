@@ -181,9 +181,9 @@ class RuntimeOptions:
     # 4-layer train step. Keep True for deep models.
     scan_layers: bool = True
     # How the sampler's decode steps read the text weights (see models/qwen3_vl/decode.py): "per_layer"
-    # copies them once per generate call into per-layer [out, in] matrices (2x+ faster steps on CPU,
-    # one extra copy of the weights); "stacked" reads the training layout; "auto": per_layer on one
-    # CPU device when the copy is at most 2 GiB, stacked elsewhere.
+    # has the Sampler copy them into per-layer [out, in] matrices (2-3x faster steps on CPU, a second
+    # copy of the text weights); "stacked" reads the training layout; "auto": per_layer on one CPU
+    # device when the copy is at most 2 GiB, stacked elsewhere.
     decode_layout: str = "auto"
 
     def __post_init__(self):

@@ -1,11 +1,13 @@
-"""Sharded Qwen3-VL on 8 host CPU devices gives the unsharded logits, with parameters really sharded."""
+"""Sharded Qwen3-VL on 8 host CPU devices gives the unsharded logits (and sampled tokens), with parameters
+really sharded."""
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 
 from rmsweb_jax.models import sharding
-from rmsweb_jax.models.qwen3_vl import create, params, tiny
+from rmsweb_jax.models.qwen3_vl import RuntimeOptions, create, params, tiny
+from rmsweb_jax.sampling.sampler import Sampler, SamplingParams
 from tests.models import hf_reference as ref
 
 
@@ -64,3 +66,17 @@ def test_rules_table_from_config_is_validated():
         sharding.rules_from_config([["embed", "model"]])
     rules = sharding.rules_from_config([["embed", ["data", "fsdp"]], ["mlp", None]])
     assert sharding.logical_to_spec(("embed", "mlp"), rules) == jax.sharding.PartitionSpec(("data", "fsdp"), None)
+
+
+@pytest.mark.parametrize("layout", ["stacked", "per_layer"])
+def test_sharded_sampler_decodes_the_unsharded_tokens(checkpoint, layout):
+    d, ids, inputs, _ = checkpoint
+    rows = [[int(t) for t, m in zip(r, mr) if m] for r, mr in zip(ids, inputs["attention_mask"])]
+    image = dict(pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"])
+    settings = SamplingParams(max_new_tokens=12)
+    want = Sampler(params.from_hf(d), patch_bucket=64).generate(rows, settings, **image)
+    mesh = sharding.make_mesh((1, 2, 4))
+    model = params.from_hf(d, mesh=mesh, runtime=RuntimeOptions(decode_layout=layout))
+    got = Sampler(model, patch_bucket=64).generate(rows, settings, **image)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from rmsweb_jax.models.qwen3_vl.layers import DTYPES, rms_norm
 from rmsweb_jax.models.qwen3_vl.rope import apply_rope, mrope_cos_sin
-from rmsweb_jax.models.qwen3_vl.text import KVCache
+from rmsweb_jax.models.qwen3_vl.text import LAYER_PARAMS, KVCache
 
 
 _FUSED_GEMV = jax.__version_info__ >= (0, 10)
@@ -66,8 +66,7 @@ def use_per_layer(model) -> bool:
 
 def copy_bytes(text) -> int:
     """Returns the bytes `step_weights` allocates for a TextDecoder (its weights in the compute dtype)."""
-    kernels = ("q_kernel", "k_kernel", "v_kernel", "o_kernel", "gate_kernel", "up_kernel", "down_kernel")
-    n = sum(math.prod(getattr(text, name).shape) for name in kernels)
+    n = sum(math.prod(getattr(text, name).shape) for name in LAYER_PARAMS if name.endswith("_kernel"))
     n += math.prod(text.embed.shape if text.lm_head is None else text.lm_head.shape)
     return n * jnp.dtype(DTYPES[text.runtime.compute_dtype]).itemsize
 

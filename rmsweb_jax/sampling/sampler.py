@@ -59,17 +59,27 @@ class Sampler:
         self.model, self.pad_id = model, pad_id
         self.length_buckets = tuple(sorted(length_buckets))
         self.patch_bucket = patch_bucket
+        self._per_layer = decode.use_per_layer(model)
+        self._step_weights, self._step_source = None, ()
         self.refresh()
 
     def refresh(self) -> None:
-        """Re-reads the model's parameters (call after a training update).
-
-        With the per-layer decode layout (models/qwen3_vl/decode.py; CPU by default) this also makes the
-        decode steps' copy of the text weights, once here rather than in every generate call.
-        """
+        """Re-reads the model's parameters (call after a training update)."""
         self._graphdef, self._state = nnx.split(self.model)
-        self._step_weights = (_step_weights(self._graphdef, self._state) if decode.use_per_layer(self.model)
-                              else None)
+
+    def _decode_weights(self) -> decode.StepWeights | None:
+        """Returns the per-layer decode copy of the text weights (None on the stacked layout).
+
+        The copy is remade when any text parameter array is no longer the one it was made from, so
+        decode steps never run on older weights than the prefill (which reads the model's own).
+        """
+        if not self._per_layer:
+            return None
+        source = jax.tree.leaves(nnx.state(self.model.text, nnx.Param))
+        if len(source) != len(self._step_source) or any(a is not b for a, b in zip(source, self._step_source)):
+            self._step_weights = _step_weights(self._graphdef, self._state)
+            self._step_source = source
+        return self._step_weights
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams(), *,
                  pixel_values: np.ndarray | None = None, image_grid_thw: np.ndarray | None = None,
@@ -94,7 +104,7 @@ class Sampler:
         stop = np.asarray(params.stop_token_ids or (-1,), np.int32)
         knobs = (np.float32(params.temperature), np.float32(params.top_p), np.int32(params.top_k))
         tokens, logprobs, lengths, finished = _generate(
-            self._graphdef, self._state, self._step_weights, inputs, params.max_new_tokens, self.pad_id, stop,
+            self._graphdef, self._state, self._decode_weights(), inputs, params.max_new_tokens, self.pad_id, stop,
             knobs, jax.random.key(seed), (params.temperature == 0, params.top_k > 0, params.top_p < 1))
         return SampleOutput(*(np.asarray(x) for x in (tokens, logprobs, lengths, finished)))
 

@@ -114,3 +114,17 @@ def test_greedy_token_is_the_first_argmax_with_its_log_softmax():
     assert int(tok[1]) == 7 and int(tok[2]) == 0 and int(tok[3]) == 299
     want = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))[np.arange(6), np.argmax(logits, axis=-1)]
     np.testing.assert_allclose(np.asarray(lp), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["per_layer", "stacked"])
+def test_updated_parameters_reach_every_decode_step(checkpoint, layout):
+    _, d = checkpoint
+    model = params.from_hf(d, runtime=RuntimeOptions(decode_layout=layout))
+    sampler = Sampler(model)
+    rows = [[11, 12, 13], [40, 41]]
+    before = sampler.generate(rows, SamplingParams(max_new_tokens=4))
+    assert (before.tokens != 0).any()
+    model.text.lm_head[...] = jnp.zeros_like(model.text.lm_head[...])  # every logit equal: greedy picks id 0
+    after = sampler.generate(rows, SamplingParams(max_new_tokens=4))
+    assert (after.tokens == 0).all() and (after.lengths == 4).all(), after.tokens
+    np.testing.assert_allclose(after.logprobs, -np.log(ref.VOCAB), rtol=1e-5)

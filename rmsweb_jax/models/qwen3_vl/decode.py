@@ -7,8 +7,8 @@ on every step; XLA's dot kernels stream an [in, out] kernel at 5-10 GB/s here; a
 transposed to heads-major in every layer of every step.
 
 So `step_weights` copies each layer's kernels out of the stack as [out, in] matrices (q/k/v fused into
-one, gate/up into one) — the Sampler does this once, at construction and on `refresh()` — and
-`step_cache` turns the prefill's stacked cache into one heads-major [B, KVH, S, hd] buffer per layer,
+one, gate/up into one; the Sampler makes this copy once per set of weights, again when a parameter
+changes), and `step_cache` turns the prefill's stacked cache into one heads-major [B, KVH, S, hd] buffer per layer,
 written in place in the decode loop. Each product of a few rows with an [out, in] matrix is then a
 multiply fused into a row reduction, which XLA:CPU streams at 11-18 GB/s (`_rows_dot`).
 `step_logits(step_hidden(...))` gives the stacked path's logits up to summation order (tested).

@@ -30,10 +30,13 @@ chromium:
 	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium || \
 	   sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium); fi
 
+# lint-imports: the layer contract in .importlinter (a lower layer never imports a higher one).
 test: install chromium
+	$(VENV)/bin/lint-imports
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install chromium
+	$(VENV)/bin/lint-imports
 	$(VPY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 demo: install chromium
@@ -45,3 +48,9 @@ bench-quick: install
 
 clean:
 	rm -rf $(VENV) workdir .pytest_cache
+
+# The live benchmarks' task files at pinned commits, sha256-checked, into $(BENCHMARKS_DEST)
+# (default: $$RMSWEB_DATA or ~/.cache/rmsweb_jax/benchmarks, where the collect stage looks).
+.PHONY: benchmarks
+benchmarks: install
+	$(VPY) -m rmsweb_jax.suites.download --suite=all $(if $(BENCHMARKS_DEST),--dest=$(BENCHMARKS_DEST))

@@ -25,7 +25,8 @@ INSTALL_REQUIRES = [
 
 EXTRAS = {
     # torch is only the test-time reference (transformers' Qwen3-VL); 2.13.0 is the CPU build on disk.
-    "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0"],
+    # import-linter: `lint-imports` checks the layer contract in .importlinter; nbformat validates the Colab notebook.
+    "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0", "import-linter", "nbformat"],
     "gpu": ["jax[cuda12]"],
     "tpu": ["jax[tpu]"],
 }
@@ -36,6 +37,7 @@ setup(
     description=__doc__,
     python_requires=">=3.11",
     packages=find_packages(include=["rmsweb_jax", "rmsweb_jax.*", "kernels", "kernels.*"]),
+    package_data={"rmsweb_jax.suites": ["miniwob_tasks.csv"]},  # the MiniWoB++ task table (load_miniwob_tasks)
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["rmsweb=rmsweb_jax.main:run"]},

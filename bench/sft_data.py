@@ -8,7 +8,7 @@ anchor  what the trainer consumes on the demo config: batch rows x train steps/s
 goal    ours / anchor >= 5
 
 The store is synthetic, written through the real StoreWriter with demo-sized screenshots (500x240
-PNGs, 512 patches each; rmsweb_jax/data/synthetic.py), so the bench needs no browser. Ends with one
+PNGs, 512 patches each; rmsweb_jax/collect/store_fixture.py), so the bench needs no browser. Ends with one
 JSON line (bench/report.py).
 
     .venv/bin/python bench/sft_data.py            # 48 examples, 8 batches per worker setting, 4 train steps
@@ -32,11 +32,12 @@ sys.path.insert(0, str(REPO / "configs"))
 from bench.report import emit  # noqa: E402
 
 
-def pipeline_rate(view, indices, data, *, tokenizer_dir, image_config, rows, batches: int) -> dict:
+def pipeline_rate(view, indices, data, *, tokenizer_dir, image_config, prompt_config, rows, batches: int) -> dict:
     """Returns examples/s, tokens/s and start-up seconds of the pipeline over `batches` timed batches."""
     from rmsweb_jax.data.sft import SFTBatches
     start = time.perf_counter()
-    with SFTBatches(view, indices, data, tokenizer_dir=tokenizer_dir, image_config=image_config, rows=rows) as it:
+    with SFTBatches(view, indices, data, tokenizer_dir=tokenizer_dir, image_config=image_config, rows=rows,
+                    prompt_config=prompt_config) as it:
         next(it)
         startup = time.perf_counter() - start
         tokens, t0 = 0, time.perf_counter()
@@ -69,9 +70,10 @@ def main() -> None:
     args = parser.parse_args()
     from demo import get_config
 
+    from rmsweb_jax.agents.prompt import prompt_config_from
     from rmsweb_jax.collect.sft_view import SFTView
     from rmsweb_jax.data.sft import SFTBatches, SFTDataConfig
-    from rmsweb_jax.data.synthetic import write_synthetic_store
+    from rmsweb_jax.collect.store_fixture import write_synthetic_store
     from rmsweb_jax.stages.sft import check_tokenizer
     from rmsweb_jax.train.loop import Trainer
 
@@ -93,14 +95,15 @@ def main() -> None:
         results = {}
         for workers in (0, 2):
             results[workers] = pipeline_rate(view, indices, dataclasses.replace(data, worker_count=workers),
-                                             tokenizer_dir=trainer.init_dir, image_config=image_config, rows=rows,
+                                             tokenizer_dir=trainer.init_dir, image_config=image_config,
+                                             prompt_config=prompt_config_from(config), rows=rows,
                                              batches=n_batches)
             r = results[workers]
             print(f"pipeline, {workers} workers: {r['examples_per_s']:.1f} examples/s, {r['tokens_per_s']:.0f} "
                   f"tokens/s (start-up {r['startup_s']:.1f} s)", flush=True)
         warmup = 1
         with SFTBatches(view, indices, data, tokenizer_dir=trainer.init_dir, image_config=image_config,
-                        rows=rows) as it:
+                        rows=rows, prompt_config=prompt_config_from(config)) as it:
             host_batches = [next(it) for _ in range(warmup + steps)]
         shape = host_batches[0]["input_ids"].shape
         try:

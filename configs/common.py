@@ -1,4 +1,4 @@
-"""Defaults shared by every config: model runtime, mesh, sharding rules, smoke prompt."""
+"""Defaults shared by every config, each written once here: model runtime, mesh, sharding rules, prompt, stages."""
 import ml_collections
 
 from rmsweb_jax.models.sharding import DEFAULT_RULES
@@ -30,13 +30,24 @@ def base_config() -> ml_collections.ConfigDict:
     c.smoke.min_pixels = 16384
     c.smoke.max_pixels = 65536
 
+    # The one prompt every stage builds (rmsweb_jax/agents/prompt.py PromptConfig): collect, sft, action_accuracy.
+    c.prompt = ml_collections.ConfigDict()
+    c.prompt.history_steps = 4            # earlier steps shown as text (thought + action)
+    c.prompt.history_images = 1           # of those, the last k also with their screenshot (<= history_steps)
+    c.prompt.include_elements = False     # list the page's elements with their centre coordinates
+    c.prompt.max_elements = 50            # at most this many elements listed
+    c.prompt.max_element_name = 80        # accessible names cut to this many characters (>= 8)
+    c.prompt.reflection_images = 1        # screenshots of the failed attempt's last steps in the reflection prompt
+
     # Reflection-conditioned retries (stage "collect"; rmsweb_jax/stages/collect.py).
     c.collect = ml_collections.ConfigDict()
     c.collect.suite = "miniwob"           # miniwob | webvoyager | online_mind2web | webtailbench (live: the open web)
     c.collect.tasks = ""                  # comma-separated task ids; "" = the teacher's task types (miniwob) or
                                           # every task of task_list (live suites)
-    c.collect.task_list = ""              # the suite's task file: miniwob_tasks.csv (optional), or the benchmark's
-                                          # .jsonl/.json (required for live suites; none ships with rmsweb_jax)
+    c.collect.task_list = ""              # the suite's task file: miniwob_tasks.csv ("" = the packaged table), or the
+                                          # benchmark's .jsonl/.json ("" = the file that `python -m
+                                          # rmsweb_jax.suites.download` put in $RMSWEB_DATA, default
+                                          # ~/.cache/rmsweb_jax/benchmarks)
     c.collect.reference_answers = ""      # webvoyager only: reference_answer.json, stored with each task
     c.collect.limit = 0                   # at most this many of the selected tasks; 0 = all
     c.collect.first_seed = 0
@@ -56,6 +67,8 @@ def base_config() -> ml_collections.ConfigDict:
                                           # "<base_url>#<model>" (official judge) or "<judge>:<base_url>#<model>";
                                           # programmatic is refused on live suites. A judge error ends its task
                                           # group unsolved (no reflection), counted in the report.
+    c.collect.success = "solved"          # programmatic judge: solved (raw reward >= 1 - 1e-6) | positive_reward (> 0,
+                                          # counts MiniWoB++'s partial credit, e.g. a wrong checkbox, as solved)
     c.collect.judge_api_key_env = ""      # env var holding the judge endpoint's API key ("" = none)
     c.collect.judge_screenshots = 0       # screenshots an LLM judge sees: webvoyager/webtailbench the last k,
                                           # webjudge at most k kept; 0 = the judge's default (3, 3, 50)

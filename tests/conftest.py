@@ -1,4 +1,5 @@
-"""Test-wide setup: 8 host CPU devices for mesh tests, fp32 matmuls, the shared benchmark folder."""
+"""Test-wide setup: 8 host CPU devices for mesh tests, fp32 matmuls, the benchmark task files
+(real ones from $RMSWEB_BENCHMARKS, or small fixture records the tests write)."""
 import os
 import pathlib
 
@@ -14,15 +15,42 @@ import pytest  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+# The real task files (../shared/benchmarks in the project's own checkouts and CI; a folder made
+# by `python -m rmsweb_jax.suites.download --suite=all --dest=DIR` anywhere else).
+BENCHMARKS = pathlib.Path(os.environ.get("RMSWEB_BENCHMARKS") or REPO.parent / "shared" / "benchmarks")
+
+
+def pytest_collection_modifyitems(config, items):
+    # `pytest -m benchmarks` selects every test that reads the real task files.
+    for item in items:
+        if "benchmarks_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.benchmarks)
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> pathlib.Path:
-    """The read-only shared/ folder beside the checkout (benchmark task files)."""
-    if not SHARED.is_dir():
-        pytest.fail(f"shared/ folder not found at {SHARED}")
-    return SHARED
+def benchmarks_dir() -> pathlib.Path:
+    """Returns the folder of the real benchmark task files ($RMSWEB_BENCHMARKS, default
+    ../shared/benchmarks); skips the test when the folder lacks any of them."""
+    from rmsweb_jax.suites.download import TASK_FILES
+    missing = [f.name for f in TASK_FILES if not (BENCHMARKS / f.name).is_file()]
+    if missing:
+        where = (str(BENCHMARKS) if len(missing) == len(TASK_FILES)
+                 else f"{BENCHMARKS} ({len(missing)} of {len(TASK_FILES)} missing, e.g. {missing[0]})")
+        pytest.skip(f"benchmark task files not found at {where}; set RMSWEB_BENCHMARKS to a folder with them "
+                    "(python -m rmsweb_jax.suites.download --suite=all --dest=DIR)")
+    return BENCHMARKS
+
+
+@pytest.fixture(scope="session", params=["fixture", pytest.param("benchmarks", marks=pytest.mark.benchmarks)])
+def benchmark_files(request, tmp_path_factory) -> pathlib.Path:
+    """Returns a folder in the real files' layout: once with the small fixture records of
+    tests/benchmark_fixtures.py (always there), once the real files (benchmarks_dir; skipped when absent)."""
+    if request.param == "benchmarks":
+        return request.getfixturevalue("benchmarks_dir")
+    from tests.benchmark_fixtures import write_benchmark_files
+    folder = tmp_path_factory.mktemp("benchmark_fixtures")
+    write_benchmark_files(folder)
+    return folder
 
 
 @pytest.fixture(scope="module")

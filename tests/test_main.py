@@ -1,12 +1,14 @@
-"""The absl entry point: config file + overrides, stages in order, clear errors for unknown stages."""
+"""The absl entry point: config file + overrides, stages in order, user errors as one line with exit status 2."""
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from rmsweb_jax import main as entry
+from rmsweb_jax.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -16,7 +18,8 @@ def test_demo_config_runs_the_model_stage_with_overrides(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
     proc = subprocess.run(
         [sys.executable, "-m", "rmsweb_jax.main", "--config=configs/demo.py", f"--workdir={tmp_path}",
-         "--config.stages=model", "--config.smoke.max_new_tokens=5", "--config.smoke.instruction=Type hello"],
+         "--config.stages=model", "--config.smoke.max_new_tokens=5", "--config.smoke.instruction=Type hello",
+         "--config.prompt.history_steps=2"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "model_smoke.json").read_text())
@@ -27,33 +30,89 @@ def test_demo_config_runs_the_model_stage_with_overrides(tmp_path):
     assert [s["stage"] for s in stages] == ["model"]
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["smoke"]["instruction"] == "Type hello"
+    assert saved["prompt"]["history_steps"] == 2  # config.prompt is a real block: overridable
     assert "[model] generation" in proc.stdout
 
 
-def test_unknown_stage_is_named(tmp_path):
+def test_unknown_stage_is_named_before_the_workdir_exists(tmp_path):
     import ml_collections
     config = ml_collections.ConfigDict({"stages": ("model", "sft_typo")})
-    with pytest.raises(ValueError, match=r"unknown stage\(s\) \['sft_typo'\]; known stages: \[.*'model'.*\]"):
-        entry.run_stages(config, tmp_path)
-    # a comma-separated override string names several stages, each checked
-    config = ml_collections.ConfigDict({"stages": "model, sft_typo,collect_typo"})
-    with pytest.raises(ValueError, match=r"unknown stage\(s\) \['sft_typo', 'collect_typo'\]"):
-        entry.run_stages(config, tmp_path)
+    with pytest.raises(UserError, match=r"unknown stage\(s\) \['sft_typo'\]; known stages: \[.*'model'.*\]"):
+        entry.run_stages(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_comma_separated_stages_parse_through_absl_flags():
+    # The real flag parser on the real config file: a comma list arrives as a one-element tuple.
+    from absl import flags
+    from ml_collections import config_flags
+    for override, want in [("collect,sft", ["collect", "sft"]), ("model", ["model"]),
+                           ("('collect','sft')", ["collect", "sft"]), (" collect , action_accuracy ",
+                                                                        ["collect", "action_accuracy"])]:
+        argv = ["rmsweb", f"--config={REPO}/configs/demo.py", f"--config.stages={override}"]
+        values = flags.FlagValues()
+        config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+        values(argv)
+        assert entry.stage_names(values.config.stages) == want, (override, values.config.stages)
+
+
+def _main(*args, env=None, workdir):
+    return subprocess.run([sys.executable, "-m", "rmsweb_jax.main", "--config=configs/demo.py", f"--workdir={workdir}",
+                           *args], cwd=REPO, env=dict(os.environ, **(env or {})), capture_output=True, text=True,
+                          timeout=600)
+
+
+def _one_line_error(proc) -> str:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("rmsweb: error: ")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.stages=collect,sft_typo"], r"config.stages = \('collect,sft_typo',\) names unknown stage\(s\) "
+                                           r"\['sft_typo'\]; known stages: \['action_accuracy', 'collect', "),
+    (["--config.stages=('collect','sft_typo')"], r"unknown stage\(s\) \['sft_typo'\]"),
+    (["--config.modle.init=random:tiny"], r"'modle' Did you mean \"model\" instead of \"modle\"\?"),
+    (["--config.train.batch_size=eight"], r"--config.train.batch_size=eight: invalid literal for int"),
+])
+def test_command_line_mistakes_exit_2_with_one_line(tmp_path, args, message):
+    line = _one_line_error(_main(*args, workdir=tmp_path / "run"))
+    assert re.search(message, line), line
+    assert not (tmp_path / "run").exists()  # nothing is created for a command that cannot run
+
+
+def test_missing_inputs_exit_2_naming_the_value(tmp_path):
+    line = _one_line_error(_main("--config.stages=model", "--config.model.init=s3://bucket/model", workdir=tmp_path))
+    assert "config.model.init = 's3://bucket/model': expected 'hf:/path/to/checkpoint' or 'random:<preset>'" in line
+    line = _one_line_error(_main("--config.stages=model", f"--config.model.init=hf:{tmp_path}/none", workdir=tmp_path))
+    assert f"model checkpoint 'hf:{tmp_path}/none': {tmp_path}/none holds no config.json" in line
+    line = _one_line_error(_main("--config.stages=sft", workdir=tmp_path))
+    assert f"no trajectory store at {tmp_path}/store (missing store.json)" in line
+
+
+def test_the_traceback_is_kept_on_request(tmp_path):
+    args = ("--config.stages=model", f"--config.model.init=hf:{tmp_path}/none")
+    proc = _main(*args, env={"RMSWEB_TRACEBACK": "1"}, workdir=tmp_path)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "rmsweb_jax.errors.UserError" in proc.stderr
+    proc = _main(*args, "--verbosity=1", workdir=tmp_path)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
 
 
 def test_missing_flags_fail_with_usage():
     proc = subprocess.run([sys.executable, "-m", "rmsweb_jax.main"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
-    assert proc.returncode != 0 and "--config" in proc.stderr
+    assert proc.returncode == 2 and "--config" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_bad_model_init_is_named(tmp_path):
     sys.path.insert(0, os.path.join(REPO, "configs"))
     from common import base_config
-    from rmsweb_jax.models.loading import load_model
+    from rmsweb_jax.sampling.model_from_config import load_model
     config = base_config()
     config.model.init = "s3://bucket/model"
-    with pytest.raises(ValueError, match=r"config.model.init = 's3://bucket/model'"):
+    with pytest.raises(UserError, match=r"config.model.init = 's3://bucket/model'"):
         load_model(config, tmp_path)
     config.mesh.shape = (3, -1, 1)
     config.model.init = "random:tiny"
@@ -66,12 +125,13 @@ def test_shipped_configs_are_valid(name):
     import importlib.util
 
     from rmsweb_jax.models import sharding
-    from rmsweb_jax.models.loading import runtime_from_config
+    from rmsweb_jax.models.from_config import runtime_from_config
     spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config()
-    assert set(config.stages) <= set(entry.stage_table())
+    assert entry.stage_names(config.stages) == list(config.stages)
+    assert set(entry.stage_table()) == set(entry.STAGES)  # every stage module imports and has run()
     runtime_from_config(config.model)  # validates dtypes, remat policy, attention kernel
     sharding.rules_from_config(config.sharding_rules)
     assert config.model.init.startswith(("hf:", "random:"))

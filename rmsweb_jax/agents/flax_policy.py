@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from rmsweb_jax.agents.chat_model import ChatModel
+from rmsweb_jax.sampling.chat_model import ChatModel
 from rmsweb_jax.agents.policy import PolicyOutput, ReflectionRequest, StepContext
 from rmsweb_jax.agents.prompt import PromptBuilder
 from rmsweb_jax.sampling.sampler import SamplingParams
@@ -18,14 +18,16 @@ class FlaxPolicy:
     Each call samples with seed `seed + call index`, so repeated calls on the same context draw
     fresh samples when temperature > 0 and a rerun of the same call sequence repeats them.
     `reflection_params` (default: `params`) decode reflections. The chat model is shared, not
-    owned: `close()` closes it only when `owns_model` is set.
+    owned: `close()` closes it only when `owns_model` is set. The policy's name (stored with every
+    attempt it plays) is "flax:<chat model name>", which for a loaded checkpoint is
+    "<folder>@<weights hash>" (sampling/chat_model.py checkpoint_name): each checkpoint its own.
     """
 
-    def __init__(self, chat_model: ChatModel, prompt_builder: PromptBuilder | None = None,
+    def __init__(self, chat_model: ChatModel, prompt_builder: PromptBuilder,
                  params: SamplingParams = SamplingParams(max_new_tokens=256), *, name: str | None = None,
                  reflection_params: SamplingParams | None = None, seed: int = 0, owns_model: bool = False):
         self.chat_model = chat_model
-        self.prompt_builder = prompt_builder or PromptBuilder()
+        self.prompt_builder = prompt_builder
         self.params = params
         self.reflection_params = reflection_params or params
         self.name = name or f"flax:{chat_model.name}"

@@ -54,7 +54,7 @@ REFLECTION_HEADER = "Reflections on your earlier failed attempts at this task (u
 
 @dataclasses.dataclass(frozen=True)
 class PromptConfig:
-    """What the user turn shows.
+    """What the user turn shows (every field from config.prompt: configs/common.py holds the defaults).
 
     `history_steps` earlier steps as text (thought + action), of which the last `history_images`
     also with their screenshot; `include_elements` adds up to `max_elements` page elements with
@@ -62,35 +62,46 @@ class PromptConfig:
     the reflection prompt; `max_element_name` truncates long accessible names.
     """
 
-    history_steps: int = 4
-    history_images: int = 1
-    include_elements: bool = False
-    max_elements: int = 50
-    max_element_name: int = 80
-    reflection_images: int = 1
+    history_steps: int
+    history_images: int
+    include_elements: bool
+    max_elements: int
+    max_element_name: int
+    reflection_images: int
 
     def __post_init__(self):
         for name in ("history_steps", "history_images", "max_elements", "max_element_name", "reflection_images"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"PromptConfig.{name} must be a non-negative int, got {value!r}")
+                raise ValueError(f"config.prompt.{name} must be a non-negative int, got {value!r}")
         if self.history_images > self.history_steps:
-            raise ValueError(f"PromptConfig.history_images ({self.history_images}) must not exceed history_steps "
+            raise ValueError(f"config.prompt.history_images ({self.history_images}) must not exceed history_steps "
                              f"({self.history_steps}): a screenshot is shown only with its step's text")
         if not isinstance(self.include_elements, bool):
-            raise ValueError(f"PromptConfig.include_elements must be a bool, got {self.include_elements!r}")
+            raise ValueError(f"config.prompt.include_elements must be a bool, got {self.include_elements!r}")
         if self.max_element_name < 8:
-            raise ValueError(f"PromptConfig.max_element_name must be >= 8 characters, got {self.max_element_name}")
+            raise ValueError(f"config.prompt.max_element_name must be >= 8 characters, got {self.max_element_name}")
 
     @classmethod
     def from_config(cls, cfg) -> "PromptConfig":
-        """Returns the PromptConfig of an ml_collections section (missing fields keep defaults)."""
+        """Returns the PromptConfig of a config.prompt section, which must name every field."""
         names = {f.name for f in dataclasses.fields(cls)}
         d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"prompt config has unknown key(s) {unknown}; known: {sorted(names)}")
+        unknown, missing = sorted(set(d) - names), sorted(names - set(d))
+        if unknown or missing:
+            wrong = "; ".join(([f"unknown key(s) {unknown}"] if unknown else [])
+                              + ([f"missing key(s) {missing}"] if missing else []))
+            raise ValueError(f"config.prompt: {wrong}; it takes exactly {sorted(names)} "
+                             "(configs/common.py sets them all)")
         return cls(**d)
+
+
+def prompt_config_from(config) -> PromptConfig:
+    """Returns the PromptConfig of `config.prompt`, the one prompt block every stage reads."""
+    if "prompt" not in config:
+        raise ValueError("the config has no `prompt` block; start it from configs/common.py's base_config(), "
+                         "which sets config.prompt.*")
+    return PromptConfig.from_config(config.prompt)
 
 
 def coordinate_help(space: CoordinateSpace) -> str:
@@ -157,7 +168,7 @@ def action_summary(action_text: str) -> str:
 class PromptBuilder:
     """Builds the chat messages of an agent step, its assistant target, and the reflection prompt."""
 
-    def __init__(self, config: PromptConfig = PromptConfig()):
+    def __init__(self, config: PromptConfig):
         self.config = config
 
     def messages(self, ctx: StepContext) -> list[dict[str, Any]]:

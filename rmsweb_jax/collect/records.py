@@ -35,17 +35,22 @@ TrajectoryRecord (kind "trajectory") — one attempt of one task:
 | instruction | str | the instruction of this attempt |
 | reflections | tuple[str] | reflections in the policy's context (empty on attempt 1) |
 | verdict | Verdict | the judge's decision (outcome, reason, score, raw, judge, calls); judge "pool": lost to faults |
-| success | bool | verdict.success |
-| reward, suite_success | float/None, bool/None | what the suite itself reported |
+| success | bool | verdict.success (programmatic judge: the raw reward under config.collect.success) |
+| reward, suite_success | float/None, bool/None | what the suite reported: raw reward, solved or not |
 | num_steps | int | steps taken (= StepRecords stored for this attempt) |
 | status, end_reason | str, str/None | the episode's status ("complete"/"failed") and why it ended |
 | done, truncated | bool | ended by the task / by the step or time limit |
-| faults | tuple[str] | browser faults the pool recovered from (or failed on) |
+| faults | tuple[str] | browser faults of this attempt's runs, each followed by a rerun (no new attempt number) |
 | final_url, final_screenshot, final_answer | str, bytes/None, str/None | the page after the last action |
 | wall_s, finished_at | float | the episode's wall time; unix time the attempt was judged |
 | policy, judge | str | names of the policy and judge |
 | prompt_tokens, completion_tokens, parse_errors | int | sums over this attempt's steps |
 | steps_shard, steps_start | str, int | where the steps are: shard file name, first position (set on commit) |
+
+`reward` is MiniWoB++'s raw page reward (WOB_RAW_REWARD_GLOBAL, no time discount), which is
+partial on some pages (click-checkboxes: (#right - #wrong) / n); `success` is what the judge
+made of it under the run's rule (suites/success_rule.py). An attempt with status "failed" was
+lost to the browser faults listed, after its reruns.
 """
 from __future__ import annotations
 

@@ -5,6 +5,11 @@ Figures (a "group" is every attempt of one task with one seed):
 - yield gain: success@<=K - success@1 (and the ratio).
 - mean steps of solved attempts: first-attempt successes vs retried successes (and, for the
   retried groups, the steps of their failed first attempt).
+- success rule: the rule (config.collect.success) the programmatic verdicts were made under;
+  the report checks every stored programmatic verdict against it.
+- raw reward: the suite's own reward beside the verdict (mean, partial rewards), per task too.
+- browser faults: faults, attempts rerun after them (same attempt number, not retries), attempts
+  lost to them.
 - judge: verdicts, endpoint calls, errors; policy: steps acted, reflections written, tokens.
 """
 from __future__ import annotations
@@ -12,25 +17,58 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from typing import Any
+from typing import Any, Iterable
 
 from PIL import Image, ImageDraw
 
-from rmsweb_jax.collect.records import FAULT_JUDGE
+from rmsweb_jax.collect.records import FAULT_JUDGE, TrajectoryRecord
 from rmsweb_jax.collect.store import StoreError, TrajectoryStore
+from rmsweb_jax.suites.success_rule import SUCCESS_RULES, check_success_rule, counts_as_success, is_solved
+
+PROGRAMMATIC = "programmatic"  # Verdict.judge of the reward-reading judge (judges/programmatic.py)
 
 
 def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 3) if values else None
 
 
-def compute_report(store: TrajectoryStore, attempts: int | None = None) -> dict[str, Any]:
+def check_store_success_rule(trajectories: Iterable[TrajectoryRecord], rule: str, directory) -> None:
+    """Raises StoreError naming the first programmatic verdict in `trajectories` (of the store at
+    `directory`) that the success rule `rule` would not give."""
+    # A store collected under the other rule has other groups ended, retried and trained on:
+    # its figures cannot be relabelled, so a mismatch is an error, not a silent recount.
+    for t in trajectories:
+        if t.verdict.judge == PROGRAMMATIC and t.reward is not None and t.success != counts_as_success(t.reward, rule):
+            raise StoreError(
+                f"{t.request_id} in the store at {directory}: raw reward {t.reward:g} was judged "
+                f"{'a success' if t.success else 'a failure'}, which the success rule {rule!r} "
+                f"({SUCCESS_RULES[rule]}) does not give; the store was collected under collect.success="
+                f"{_other_rule(rule)!r}: use that rule with this store, or collect into a new store")
+
+
+def _other_rule(rule: str) -> str:
+    # Two rules: a verdict one rule would not give is the other's.
+    return next(r for r in SUCCESS_RULES if r != rule)
+
+
+def _raw_rewards(trajectories: list[TrajectoryRecord]) -> dict[str, Any]:
+    rewards = [t.reward for t in trajectories if t.reward is not None]
+    return {"mean": _mean(rewards), "mean_first_attempt": _mean([t.reward for t in trajectories
+                                                                   if t.reward is not None and t.attempt == 1]),
+            "attempts_with_reward": len(rewards), "partial": sum(0 < r and not is_solved(r) for r in rewards)}
+
+
+def compute_report(store: TrajectoryStore, attempts: int | None = None, *, success_rule: str) -> dict[str, Any]:
     """Returns the report's figures computed from `store`'s committed records; `attempts` (K)
-    defaults to the largest attempt stored. Raises StoreError for a store with no records."""
+    defaults to the largest attempt stored; `success_rule` is the rule the store was collected
+    under (config.collect.success). Raises StoreError for a store with no records, or with a
+    programmatic verdict that `success_rule` would not give."""
+    check_success_rule(success_rule, "success_rule")
     groups = store.groups()
     if not groups:
         raise StoreError(f"the trajectory store at {store.directory} holds no trajectories to report on")
     trajectories = [t for group in groups.values() for t in group]
+    check_store_success_rule(trajectories, success_rule, store.directory)
     k_max = max(t.attempt for t in trajectories)
     k = max(attempts or k_max, k_max)
     n = len(groups)
@@ -39,9 +77,11 @@ def compute_report(store: TrajectoryStore, attempts: int | None = None) -> dict[
     by_task: dict[str, dict[str, int]] = {}
     for (task_id, _), group in sorted(groups.items()):
         win = next((t for t in group if t.success), None)
-        row = by_task.setdefault(task_id, {"groups": 0, "solved_at_1": 0, "solved": 0, "attempts": 0})
+        row = by_task.setdefault(task_id, {"groups": 0, "solved_at_1": 0, "solved": 0, "attempts": 0,
+                                           "rewards": []})
         row["groups"] += 1
         row["attempts"] += len(group)
+        row["rewards"] += [t.reward for t in group if t.reward is not None]
         if win is None:
             continue
         solved_at[win.attempt] += 1
@@ -52,6 +92,10 @@ def compute_report(store: TrajectoryStore, attempts: int | None = None) -> dict[
         else:
             retried_steps.append(win.num_steps)
             retried_first_steps.append(group[0].num_steps)
+    for row in by_task.values():
+        rewards = row.pop("rewards")
+        row["mean_raw_reward"] = _mean(rewards)
+        row["partial_rewards"] = sum(0 < r and not is_solved(r) for r in rewards)
     cumulative, total = [], 0
     for a in range(1, k + 1):
         total += solved_at[a]
@@ -59,6 +103,8 @@ def compute_report(store: TrajectoryStore, attempts: int | None = None) -> dict[
     success_1, success_k = cumulative[0], cumulative[-1]
     judged = [t for t in trajectories if t.verdict.judge != FAULT_JUDGE]
     return {
+        "success_rule": success_rule,
+        "success_rule_meaning": SUCCESS_RULES[success_rule],
         "tasks": n,
         "attempts_k": k,
         "trajectories": len(trajectories),
@@ -75,11 +121,16 @@ def compute_report(store: TrajectoryStore, attempts: int | None = None) -> dict[
         "mean_steps_solved_retried": _mean(retried_steps),
         "mean_steps_failed_first_attempt_of_retried": _mean(retried_first_steps),
         "mean_attempts_per_task": round(len(trajectories) / n, 4),
+        "raw_reward": _raw_rewards(trajectories),
+        "browser_faults": {
+            "faults": sum(len(t.faults) for t in trajectories),
+            "attempts_rerun": sum(bool(t.faults) for t in judged),
+            "attempts_lost": len(trajectories) - len(judged),
+        },
         "judge": {
             "verdicts": len(judged),
             "endpoint_calls": sum(t.verdict.calls for t in judged),
             "errors": sum(t.verdict.outcome == "error" for t in judged),
-            "attempts_lost_to_browser_faults": len(trajectories) - len(judged),
             "names": sorted({t.verdict.judge for t in judged}),
         },
         "policy": {
@@ -96,13 +147,14 @@ def compute_report(store: TrajectoryStore, attempts: int | None = None) -> dict[
 
 
 def write_report(store_dir: str | os.PathLike, out_dir: str | os.PathLike, attempts: int | None = None, *,
-                 name: str = "report", extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Returns the report of the store at `store_dir`, written to out_dir/<name>.json, .md and
-    .png. `extra` (e.g. this run's wall time) is added under "run" in the JSON only."""
+                 success_rule: str, name: str = "report", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Returns the report of the store at `store_dir` (collected under `success_rule`), written to
+    out_dir/<name>.json, .md and .png. `extra` (e.g. this run's wall time) is added under "run" in
+    the JSON only."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with TrajectoryStore(store_dir) as store:
-        report = compute_report(store, attempts)
+        report = compute_report(store, attempts, success_rule=success_rule)
     report["store"] = str(pathlib.Path(store_dir))
     if extra:
         report["run"] = extra
@@ -123,12 +175,13 @@ def _num(value: float | None) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     """Returns the report as markdown (summary table, success by attempt budget, per task)."""
     k = report["attempts_k"]
-    policy, judge = report["policy"], report["judge"]
+    policy, judge, faults, raw = report["policy"], report["judge"], report["browser_faults"], report["raw_reward"]
     lines = [
         "# Collection report", "",
         f"Store `{report.get('store', '')}`: {report['tasks']} task groups, {report['trajectories']} attempts, "
         f"{report['steps']} steps. Policy: {', '.join(policy['names'])}; judge: {', '.join(judge['names']) or '—'}.",
         "", "| figure | value |", "|---|---|",
+        f"| success rule | {report['success_rule']} ({report['success_rule_meaning']}) |",
         f"| success@1 | {_pct(report['success_at_1'])} ({report['solved_first']}/{report['tasks']}) |",
         f"| success@≤{k} | {_pct(report['success_at_le_K'])} ({report['solved']}/{report['tasks']}) |",
         f"| yield gain | {100 * report['yield_gain']:+.1f} points (×{_num(report['yield_ratio'])}) |",
@@ -136,9 +189,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"| mean steps, solved on a retry | {_num(report['mean_steps_solved_retried'])} |",
         f"| mean steps, failed first attempt of those | {_num(report['mean_steps_failed_first_attempt_of_retried'])} |",
         f"| mean attempts per task | {report['mean_attempts_per_task']:g} |",
+        f"| mean raw reward, all attempts / attempt 1 | {_num(raw['mean'])} / {_num(raw['mean_first_attempt'])} |",
+        f"| attempts with a partial raw reward (0 < r < 1) | {raw['partial']} of {raw['attempts_with_reward']} |",
         f"| judge verdicts / endpoint calls / errors | {judge['verdicts']} / {judge['endpoint_calls']} / "
         f"{judge['errors']} |",
-        f"| attempts lost to browser faults | {judge['attempts_lost_to_browser_faults']} |",
+        f"| browser faults / attempts rerun after them (not retries) / attempts lost to them | "
+        f"{faults['faults']} / {faults['attempts_rerun']} / {faults['attempts_lost']} |",
         f"| policy steps / reflections / parse errors | {policy['steps_acted']} / {policy['reflections_written']} / "
         f"{policy['parse_errors']} |",
         f"| policy tokens (prompt / completion) | {policy['prompt_tokens']} / {policy['completion_tokens']} |",
@@ -146,9 +202,11 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     for a, value in report["success_at_le_k"].items():
         lines.append(f"| {a} | {_pct(value)} | {report['solved_at_attempt'][a]} |")
-    lines += ["", "## Per task", "", "| task | groups | solved@1 | solved@≤K | attempts |", "|---|---|---|---|---|"]
+    lines += ["", "## Per task", "", "| task | groups | solved@1 | solved@≤K | attempts | mean raw reward | partial |",
+              "|---|---|---|---|---|---|---|"]
     for task_id, row in report["by_task"].items():
-        lines.append(f"| {task_id} | {row['groups']} | {row['solved_at_1']} | {row['solved']} | {row['attempts']} |")
+        lines.append(f"| {task_id} | {row['groups']} | {row['solved_at_1']} | {row['solved']} | {row['attempts']} | "
+                     f"{_num(row['mean_raw_reward'])} | {row['partial_rewards']} |")
     return "\n".join(lines) + "\n"
 
 

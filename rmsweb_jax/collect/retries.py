@@ -16,6 +16,17 @@ an error verdict: never a success, and it ends the group unsolved, with no refle
 retry. A reflection on an undecided attempt would tell the policy it failed when it may not
 have, and an endpoint that is down would fail the retry's judgement too; the attempt is
 stored with its error verdict and the report counts the judge errors.
+
+Browser faults are not the policy's doing, so a rerun after one never consumes an attempt number
+and is never counted as a retry. The pool reruns a faulted episode from reset itself (up to
+pool_max_attempts runs); when every run faults, the collector runs the same attempt again —
+same number, same reflections — up to `fault_reruns` times. The faults of all those runs are
+stored with the attempt that finally ran (TrajectoryRecord.faults), and the report counts them
+apart from attempts. An attempt still lost after that is stored with a "pool" verdict and ends
+its group unsolved (no reflection: there was nothing to reflect on).
+
+Success is the judge's verdict; the programmatic judge applies config.collect.success (a
+partial MiniWoB++ reward is a failure under "solved"), and the raw reward is stored beside it.
 """
 from __future__ import annotations
 
@@ -31,7 +42,7 @@ from tqdm import tqdm
 from rmsweb_jax.agents.policy import Policy, PolicyOutput, ReflectionRequest
 from rmsweb_jax.collect.adapter import AttemptSpec, PolicyBridge, split_turn
 from rmsweb_jax.collect.records import FAULT_JUDGE, StepRecord, TrajectoryRecord, request_id, task_key
-from rmsweb_jax.collect.store import StoreWriter
+from rmsweb_jax.collect.store import StoreError, StoreWriter
 from rmsweb_jax.judges.base import ERROR, Judge, JudgeInput, Verdict
 from rmsweb_jax.web.episode import Episode, EpisodeRequest
 from rmsweb_jax.web.pool import AsyncWorkerPool
@@ -54,6 +65,8 @@ class CollectSummary:
     steps: int
     solved_first: int
     solved: int
+    fault_reruns: int  # attempts run again under the same number because every pool run faulted
+    lost_to_faults: int  # groups ended by an attempt lost to browser faults after its reruns
     wall_s: float
     judge_errors: int = 0  # attempts the judge could not decide (each ended its group unsolved)
     pool_marker: str = ""
@@ -72,6 +85,8 @@ class _Group:
     order: int
     reflections: tuple[str, ...] = ()
     attempts: list = dataclasses.field(default_factory=list)  # [(TrajectoryRecord, [StepRecord])]
+    faults: tuple[str, ...] = ()  # faults of the next attempt's whole reruns so far (stored with it)
+    fault_reruns: int = 0  # whole reruns of the next attempt so far
 
     @property
     def next_attempt(self) -> int:
@@ -88,18 +103,25 @@ class RetryCollector:
     def __init__(self, suite: Suite, policy: Policy, judge: Judge, store: StoreWriter, *, attempts: int = 3,
                  workers: int = 2, max_steps: int = 15, worker_config: WorkerConfig | None = None,
                  batch_window_s: float = 0.02, fallback_wait_s: float = 0.0, pool_max_attempts: int = 3,
-                 progress: bool = True):
+                 fault_reruns: int = 1, progress: bool = True):
         if attempts < 1:
             raise ValueError(f"attempts (K) must be >= 1, got {attempts!r}")
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers!r}")
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps!r}")
+        if fault_reruns < 0:
+            raise ValueError(f"fault_reruns must be >= 0, got {fault_reruns!r}")
+        if store.policy is not None and store.policy != policy.name:  # one store, one policy (see store.py)
+            raise StoreError(f"the trajectory store at {store.directory} holds the trajectories of policy "
+                             f"{store.policy!r}; this collector's policy is {policy.name!r}: collect into another "
+                             "store")
         self.suite, self.policy, self.judge, self.store = suite, policy, judge, store
         self.attempts, self.workers, self.max_steps = attempts, workers, max_steps
         self.worker_config = worker_config
-        self.pool_max_attempts = pool_max_attempts
+        self.pool_max_attempts, self.fault_reruns = pool_max_attempts, fault_reruns
         self.progress = progress
+        self.pool: AsyncWorkerPool | None = None  # the browser pool while run() is in progress
         self.bridge = PolicyBridge(policy, max_batch=workers, window_s=batch_window_s, fallback_wait_s=fallback_wait_s)
 
     def run(self, tasks: Sequence[Any], seeds: Sequence[int]) -> CollectSummary:
@@ -115,7 +137,7 @@ class RetryCollector:
         todo = [_Group(task, seed, i) for i, (task, seed) in enumerate(pairs)
                 if task_key(_task_id(task), seed) not in finished]
         self._counts = {"collected": 0, "trajectories": 0, "steps": 0, "solved_first": 0, "solved": 0,
-                        "judge_errors": 0}
+                        "fault_reruns": 0, "lost_to_faults": 0, "judge_errors": 0}
         marker = ""
         if todo:
             logging.info("collect: %d task groups to run, %d already in the store %s", len(todo),
@@ -136,7 +158,8 @@ class RetryCollector:
         self._open = len(groups)
         self._bar = tqdm(total=len(groups), desc="collect", unit="task", disable=not self.progress, dynamic_ncols=True)
         self._started = time.monotonic()
-        pool = AsyncWorkerPool(self.suite, self.workers, self.worker_config, max_attempts=self.pool_max_attempts)
+        pool = self.pool = AsyncWorkerPool(self.suite, self.workers, self.worker_config,
+                                           max_attempts=self.pool_max_attempts)
         # The marker finds this run's browsers in /proc (cleanup after a kill -9 of this process).
         logging.info("collect: browser pool marker %s (%d workers)", pool.marker, self.workers)
         try:
@@ -152,6 +175,7 @@ class RetryCollector:
             raise (errors or list(group.exceptions))[0] from None
         finally:
             self._bar.close()
+            self.pool = None
         return pool.marker
 
     async def _serve(self, slot: int, pool: AsyncWorkerPool, queue: asyncio.PriorityQueue, counter, tg) -> None:
@@ -171,8 +195,19 @@ class RetryCollector:
 
     async def _after(self, group: _Group, episode: Episode, outputs: dict[int, PolicyOutput],
                      queue: asyncio.PriorityQueue, counter) -> None:
-        """Judges one finished attempt; then commits the group or queues the next attempt."""
+        """Judges one finished attempt; then commits the group or queues the next attempt (or
+        the same attempt again, when every pool run of it hit a browser fault)."""
         attempt = group.next_attempt
+        if not episode.complete and group.fault_reruns < self.fault_reruns:
+            # Nothing the policy did: the same attempt runs again, its number and reflections kept.
+            logging.warning("collect: %s lost to browser faults, running it again (%d/%d): %s",
+                            episode.request.request_id, group.fault_reruns + 1, self.fault_reruns,
+                            "; ".join(episode.faults))
+            group.faults = (*group.faults, *episode.faults)
+            group.fault_reruns += 1
+            self._counts["fault_reruns"] += 1
+            queue.put_nowait((_RETRY, group.order, next(counter), group))
+            return
         steps = _step_records(group, attempt, episode, outputs)
         past = tuple(s.past_step() for s in steps)
         final = episode.observations[-1] if episode.observations else None
@@ -185,26 +220,29 @@ class RetryCollector:
                 task=group.task, instruction=episode.instruction, steps=past,
                 final_screenshot=None if final is None else final.screenshot, final_answer=final_answer,
                 reward=episode.reward, suite_success=suite_success), episode.request.request_id)
-        else:  # every run of the attempt hit a browser fault: nothing the policy did to judge
-            verdict = Verdict(outcome=ERROR, reason=f"browser faults: {'; '.join(episode.faults)}", judge=FAULT_JUDGE)
+        else:  # every run of the attempt, reruns included, hit a browser fault: nothing to judge
+            faults = (*group.faults, *episode.faults)
+            verdict = Verdict(outcome=ERROR, reason=f"browser faults: {'; '.join(faults)}", judge=FAULT_JUDGE)
         judge_error = episode.complete and verdict.outcome == ERROR
         group.attempts.append((_trajectory_record(group, attempt, episode, steps, verdict, final, final_answer,
                                                   self.policy.name, self.judge.name), steps))
+        group.faults, group.fault_reruns = (), 0
         self._counts["trajectories"] += 1
         self._counts["steps"] += len(steps)
         self._counts["judge_errors"] += judge_error
-        if verdict.success or attempt >= self.attempts or judge_error:  # see the module docstring
+        self._counts["lost_to_faults"] += not episode.complete
+        # See the module docstring: an undecided or lost attempt ends its group unsolved.
+        if verdict.success or attempt >= self.attempts or judge_error or not episode.complete:
             self._commit(group, verdict.success, attempt)
             if self._open == 0:
                 for _ in range(self.workers):
                     queue.put_nowait((_STOP, 0, next(counter), None))
             return
-        if episode.complete:  # a fault-only attempt gets a rerun, not a reflection
-            reflection = await self.bridge.reflect(ReflectionRequest(
-                task_id=_task_id(group.task), instruction=episode.instruction, attempt=attempt, steps=past,
-                verdict=verdict.outcome, verdict_reason=verdict.reason, earlier_reflections=group.reflections,
-                key=request_id(_task_id(group.task), group.seed, attempt)))
-            group.reflections = (*group.reflections, reflection)
+        reflection = await self.bridge.reflect(ReflectionRequest(
+            task_id=_task_id(group.task), instruction=episode.instruction, attempt=attempt, steps=past,
+            verdict=verdict.outcome, verdict_reason=verdict.reason, earlier_reflections=group.reflections,
+            key=request_id(_task_id(group.task), group.seed, attempt)))
+        group.reflections = (*group.reflections, reflection)
         queue.put_nowait((_RETRY, group.order, next(counter), group))
 
     async def _judge(self, attempt: JudgeInput, rid: str) -> Verdict:
@@ -273,7 +311,8 @@ def _trajectory_record(group: _Group, attempt: int, episode: Episode, steps: lis
         task=task.to_dict() if hasattr(task, "to_dict") else {"id": _task_id(task)},
         instruction=episode.instruction, reflections=group.reflections, verdict=verdict, success=verdict.success,
         reward=episode.reward, suite_success=episode.success, num_steps=len(steps), status=episode.status,
-        end_reason=episode.reason, done=episode.done, truncated=episode.truncated, faults=tuple(episode.faults),
+        end_reason=episode.reason, done=episode.done, truncated=episode.truncated,
+        faults=(*group.faults, *episode.faults),
         final_url="" if final is None else final.url, final_screenshot=None if final is None else final.screenshot,
         final_answer=final_answer, wall_s=episode.wall_s, finished_at=time.time(), policy=policy,
         judge=verdict.judge or judge, prompt_tokens=sum(s.prompt_tokens for s in steps),

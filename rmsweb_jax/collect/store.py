@@ -1,18 +1,24 @@
 """The trajectory store: ArrayRecord shards of StepRecords and TrajectoryRecords in one folder.
 
-Layout of a store folder:
+The files are described in store_layout.py. A flush writes the steps shard to a hidden temp
+file, fsyncs and renames it, does the same with the trajectories shard, then writes the flush's
+commit marker (record counts, sizes and sha256 of both shards, its task groups). A crash at any
+point leaves the whole flush or none of it: shards without a marker (and temp files) are the
+leftovers of the last flush, removed when a writer opens the store. Whole task groups (every
+attempt of one task and seed) go into one flush, so a resumed collection skips exactly the
+committed groups: nothing lost, nothing twice.
 
-    store.json                       {"format": ..., "schema_version": N}
-    steps-000001.arrayrecord         StepRecords of every attempt committed in flush 1
-    trajectories-000001.arrayrecord  TrajectoryRecords of flush 1: the commit marker
-    .lock                            held (flock) by the one writer
+Opening checks every committed flush against its marker: readers check sizes, ArrayRecord's
+status and record counts (cheap); the writer also hashes every byte, so a resumed collection
+never builds on a damaged store. A damaged flush is a StoreError naming the file and what is
+wrong, and the repair command (`python -m rmsweb_jax.collect.store --check/--repair DIR`, see
+store_check.py), which moves damaged flushes to quarantine/ so their groups are collected again.
+A record that fails its checksum when read is a StoreError naming its shard.
 
-A flush writes the steps shard to a hidden temp file, fsyncs and renames it, then does the
-same with the trajectories shard. A flush's records exist only once its trajectories shard
-exists, so a crash at any point leaves either the whole flush or none of it: a steps shard
-without its trajectories shard (and any temp file) is an orphan, removed when a writer opens
-the store. Whole task groups (every attempt of one task and seed) go into one flush, so a
-resumed collection skips exactly the committed groups: nothing lost, nothing twice.
+store.json also records the policy collecting into the store (a writer for another policy is
+refused: one store, one policy, so reports and SFT know whose trajectories they read) and the
+provenance of the steps (prompt settings, tokenizer and image-processor hashes, see
+store_provenance.py), which a reader rebuilding prompts compares with its own.
 
 Shards are written with group_size 1, so Grain's ArrayRecordDataSource reads any record
 directly (see sft_view.SFTView for the training view).
@@ -20,39 +26,26 @@ directly (see sft_view.SFTView for the training view).
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import pathlib
-import re
 import time
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
 from rmsweb_jax.collect.records import SCHEMA_VERSION, StepRecord, TrajectoryRecord
+from rmsweb_jax.collect.store_layout import (  # noqa: F401 (STORE_FILE, TMP_PREFIX: the store's names)
+    LAYOUT, STEPS, STORE_FILE, STORE_FORMAT, TMP_PREFIX, TRAJECTORIES, Flush, StoreError, close_failed, describe,
+    file_sha256, find_damage, fsync_dir, load_flushes, lock_store, marker_name, open_reader, orphan_files,
+    parse_shard_name, read_meta, repair_hint, shard_name, used_seqs, write_atomic)
 
-STORE_FILE = "store.json"
-STORE_FORMAT = "rmsweb trajectory store"
-LOCK_FILE = ".lock"
-STEPS, TRAJECTORIES = "steps", "trajectories"
-SUFFIX = ".arrayrecord"
-TMP_PREFIX = ".tmp-"
 # group_size 1: every record is its own chunk, as random access (Grain) wants. zstd is cheap on
 # CPU and the PNG bytes inside do not compress further anyway.
 WRITER_OPTIONS = "group_size:1,zstd:3"
-_SHARD = re.compile(rf"^({STEPS}|{TRAJECTORIES})-(\d{{6}}){re.escape(SUFFIX)}$")
+VERIFY = ("quick", "full")
 
 Attempt = tuple[TrajectoryRecord, Sequence[StepRecord]]
-
-
-class StoreError(RuntimeError):
-    """A store folder that cannot be used as asked (missing, empty, another schema, locked)."""
-
-
-def shard_name(kind: str, seq: int) -> str:
-    """Returns the file name of flush `seq`'s shard of `kind` ("steps" or "trajectories")."""
-    return f"{kind}-{seq:06d}{SUFFIX}"
 
 
 class TrajectoryStore:
@@ -62,52 +55,60 @@ class TrajectoryStore:
         for traj in store.trajectories():
             steps = store.steps(traj)
 
-    Only committed flushes are visible; a writer working in the same folder is not disturbed.
+    Only the flushes committed when it was opened are visible; a writer working in the same
+    folder is not disturbed. `verify` "quick" checks sizes, reader status and record counts of
+    every shard on open, "full" also their sha256 (reads every byte). Raises StoreError naming
+    the damaged files.
     """
 
-    def __init__(self, directory: str | os.PathLike):
+    def __init__(self, directory: str | os.PathLike, *, verify: str = "quick"):
+        if verify not in VERIFY:
+            raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
         self.directory = pathlib.Path(directory)
-        meta_path = self.directory / STORE_FILE
-        if not meta_path.is_file():
-            raise StoreError(f"no trajectory store at {self.directory} (missing {STORE_FILE})")
-        try:
-            meta = json.loads(meta_path.read_text())
-        except ValueError as e:
-            raise StoreError(f"{meta_path} is not JSON: {e}") from None
-        if meta.get("schema_version") != SCHEMA_VERSION:
-            raise StoreError(f"store {self.directory} has schema version {meta.get('schema_version')!r}; "
-                             f"this code reads version {SCHEMA_VERSION}")
+        self.meta = read_meta(self.directory)
+        self._flushes, damage = load_flushes(self.directory, self.meta)
+        damage += find_damage(self.directory, self._flushes, full=verify == "full")
+        if damage:
+            raise StoreError(describe(self.directory, sorted(damage, key=lambda d: d.flush.seq)))
         self._readers: dict[str, ArrayRecordReader] = {}
+
+    @property
+    def policy(self) -> str | None:
+        """Returns the name of the policy whose trajectories the store holds (None: not recorded)."""
+        return self.meta.get("policy")
+
+    @property
+    def provenance(self) -> dict[str, Any] | None:
+        """Returns what the steps were produced with (store_provenance.provenance), None if not recorded."""
+        return self.meta.get("provenance")
+
+    def check_provenance(self, expected: dict[str, Any]) -> list[str]:
+        """Returns the provenance keys where `expected` (how a reader rebuilds the prompts) differs
+        from what the steps were produced with, logging a warning naming them; [] when they agree
+        or the store recorded nothing to compare."""
+        from rmsweb_jax.collect.store_provenance import warn_if_differs
+        return warn_if_differs(self.directory, self.provenance, expected)
 
     # --- shards -------------------------------------------------------------------------
     def committed_flushes(self) -> list[int]:
-        """Returns the sequence numbers of committed flushes (those with a trajectories shard)."""
-        return sorted(seq for kind, seq in self._shards() if kind == TRAJECTORIES)
+        """Returns the sequence numbers of the committed flushes."""
+        return sorted(self._flushes)
 
     def trajectory_shards(self) -> list[pathlib.Path]:
         """Returns the committed trajectories shards, oldest first."""
-        return [self.directory / shard_name(TRAJECTORIES, s) for s in self.committed_flushes()]
+        return [self.directory / self._flushes[s].trajectories["file"] for s in self.committed_flushes()]
 
     def step_shards(self) -> list[pathlib.Path]:
         """Returns the committed steps shards, oldest first (a flush of only step-less attempts
         has none)."""
-        committed = set(self.committed_flushes())
-        return [self.directory / shard_name(STEPS, s) for kind, s in sorted(self._shards(), key=lambda x: x[1])
-                if kind == STEPS and s in committed]
-
-    def _shards(self) -> list[tuple[str, int]]:
-        found = []
-        for entry in os.listdir(self.directory):
-            m = _SHARD.match(entry)
-            if m:
-                found.append((m.group(1), int(m.group(2))))
-        return found
+        return [self.directory / self._flushes[s].steps["file"] for s in self.committed_flushes()
+                if self._flushes[s].steps]
 
     # --- records ------------------------------------------------------------------------
     def trajectories(self) -> Iterator[TrajectoryRecord]:
         """Yields every committed TrajectoryRecord, in commit order."""
         for path in self.trajectory_shards():
-            for data in self._reader(path).read_all():
+            for data in self._read(path, None):
                 yield TrajectoryRecord.from_bytes(data)
 
     def steps(self, trajectory: TrajectoryRecord) -> list[StepRecord]:
@@ -115,10 +116,11 @@ class TrajectoryStore:
         if trajectory.num_steps == 0:
             return []
         path = self.directory / trajectory.steps_shard
-        if not path.is_file():
-            raise StoreError(f"steps shard {path} of {trajectory.request_id} is missing")
+        flush = self._flushes.get((parse_shard_name(trajectory.steps_shard) or ("", 0))[1])
+        if flush is None or not flush.steps or flush.steps["file"] != trajectory.steps_shard:
+            raise StoreError(f"steps shard {path} of {trajectory.request_id} is not a committed shard of the store")
         positions = list(range(trajectory.steps_start, trajectory.steps_start + trajectory.num_steps))
-        steps = [StepRecord.from_bytes(d) for d in self._reader(path).read(positions)]
+        steps = [StepRecord.from_bytes(d) for d in self._read(path, positions)]
         for i, step in enumerate(steps):
             if step.request_id != trajectory.request_id or step.step != i:
                 raise StoreError(f"{path} position {positions[i]}: expected step {i} of {trajectory.request_id}, "
@@ -133,27 +135,38 @@ class TrajectoryStore:
         return {k: sorted(v, key=lambda t: t.attempt) for k, v in groups.items()}
 
     def finished_task_keys(self) -> set[tuple[str, int]]:
-        """Returns the (task id, seed) of every committed task group."""
-        return {traj.key for traj in self.trajectories()}
+        """Returns the (task id, seed) of every committed task group (from the commit markers)."""
+        return {key for flush in self._flushes.values() for key in flush.task_groups}
 
     def counts(self) -> dict[str, int]:
         """Returns {"tasks", "trajectories", "successful_trajectories", "steps", "flushes"}."""
         trajs = list(self.trajectories())
         return {"tasks": len({t.key for t in trajs}), "trajectories": len(trajs),
                 "successful_trajectories": sum(t.success for t in trajs), "steps": sum(t.num_steps for t in trajs),
-                "flushes": len(self.committed_flushes())}
+                "flushes": len(self._flushes)}
 
-    def _reader(self, path: pathlib.Path) -> ArrayRecordReader:
+    def _read(self, path: pathlib.Path, positions: list[int] | None) -> list[bytes]:
         key = str(path)
         if key not in self._readers:
-            self._readers[key] = ArrayRecordReader(key)
-        return self._readers[key]
+            self._readers[key] = open_reader(path)
+        reader = self._readers[key]
+        try:
+            return reader.read_all() if positions is None else reader.read(positions)
+        except RuntimeError as e:
+            close_failed(self._readers.pop(key))
+            raise StoreError(f"{path} is corrupt: {e}\n{repair_hint(self.directory)}") from None
 
     def close(self) -> None:
         """Closes the open shard readers (the store stays usable; readers reopen on demand)."""
         readers, self._readers = self._readers, {}
-        for reader in readers.values():
-            reader.close()
+        errors = []
+        for key, reader in readers.items():
+            try:
+                reader.close()
+            except RuntimeError as e:
+                errors.append(f"{key}: {e}")
+        if errors:
+            raise StoreError(f"closing the shard readers of {self.directory} failed: {'; '.join(errors)}")
 
     def __enter__(self):
         return self
@@ -165,34 +178,36 @@ class TrajectoryStore:
 class StoreWriter(TrajectoryStore):
     """Appends task groups to a store folder (creating it), committing several groups per flush.
 
-        with StoreWriter("workdir/store", flush_every_tasks=8) as store:
+        with StoreWriter("workdir/store", flush_every_tasks=8, policy=policy.name) as store:
             todo = [k for k in keys if k not in store.finished_task_keys()]
             store.add_group([(trajectory, steps), ...])   # every attempt of one task and seed
 
-    Opening removes what a crashed writer left half-done. Groups wait in memory until
+    Opening removes what a crashed writer left half-done and verifies every committed byte.
+    `policy` (the collecting policy's name) is recorded when the store is created; opening a
+    store of another policy raises StoreError. `provenance` (store_provenance.provenance) is
+    recorded at creation and compared (a warning) on later opens. Groups wait in memory until
     `flush_every_tasks` groups are buffered or the oldest has waited `flush_every_s`; close()
     (also on an exception) commits what is buffered. One writer per folder (an flock).
     """
 
-    def __init__(self, directory: str | os.PathLike, *, flush_every_tasks: int = 8, flush_every_s: float = 30.0):
+    def __init__(self, directory: str | os.PathLike, *, flush_every_tasks: int = 8, flush_every_s: float = 30.0,
+                 policy: str | None = None, provenance: dict[str, Any] | None = None):
         if flush_every_tasks < 1:
             raise ValueError(f"flush_every_tasks must be >= 1, got {flush_every_tasks!r}")
         if flush_every_s < 0:
             raise ValueError(f"flush_every_s must be >= 0, got {flush_every_s!r}")
         directory = pathlib.Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self._lock = open(directory / LOCK_FILE, "a")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            raise StoreError(f"another process is writing to the store at {directory} (it holds {LOCK_FILE})") from None
+        self._lock = lock_store(directory)
         try:
             if not (directory / STORE_FILE).exists():
-                _write_atomic(directory / STORE_FILE, json.dumps(
-                    {"format": STORE_FORMAT, "schema_version": SCHEMA_VERSION, "created": time.time()}).encode())
-            super().__init__(directory)
-            self.removed_orphans = self._remove_orphans()
+                _write_json(directory / STORE_FILE, {
+                    "format": STORE_FORMAT, "schema_version": SCHEMA_VERSION, "layout": LAYOUT,
+                    "created": time.time(), "policy": policy, "provenance": provenance})
+            _check_policy(directory, read_meta(directory), policy)
+            self.removed_orphans = _remove_orphans(directory)
+            super().__init__(directory, verify="full")
+            self._adopt(policy, provenance)
         except BaseException:
             self._lock.close()
             raise
@@ -201,20 +216,29 @@ class StoreWriter(TrajectoryStore):
         self._committed = TrajectoryStore.finished_task_keys(self)
         self._buffer: list[list[Attempt]] = []
         self._buffered_since: float | None = None
-        self._next_seq = max(self.committed_flushes(), default=0) + 1
+        self._next_seq = max([*self._flushes, *used_seqs(directory)], default=0) + 1
 
-    def _remove_orphans(self) -> list[str]:
-        # Temp files and steps shards whose trajectories shard never landed: a crashed flush.
-        committed = set(self.committed_flushes())
-        removed = []
-        for entry in sorted(os.listdir(self.directory)):
-            m = _SHARD.match(entry)
-            if entry.startswith(TMP_PREFIX) or (m and m.group(1) == STEPS and int(m.group(2)) not in committed):
-                (self.directory / entry).unlink()
-                removed.append(entry)
-        if removed:
-            _fsync_dir(self.directory)
-        return removed
+    def _adopt(self, policy: str | None, provenance: dict[str, Any] | None) -> None:
+        # A first-layout store gets its markers now (its files just passed a full read); a store
+        # without a recorded policy or provenance takes this writer's.
+        meta = dict(self.meta)
+        if meta.get("layout") != LAYOUT:
+            for flush in self._flushes.values():
+                shards = [_shard_info(self.directory / s["file"]) for s in (flush.trajectories, flush.steps) if s]
+                flush = dataclasses.replace(flush, trajectories=shards[0], steps=shards[1] if flush.steps else None,
+                                            marker=True)
+                _write_json(self.directory / marker_name(flush.seq), flush.to_json())
+                self._flushes[flush.seq] = flush
+            meta["layout"] = LAYOUT
+        if meta.get("policy") is None and policy is not None:
+            meta["policy"] = policy
+        if meta.get("provenance") is None and provenance is not None:
+            meta["provenance"] = provenance
+        elif provenance is not None:
+            self.check_provenance(provenance)
+        if meta != self.meta:
+            _write_json(self.directory / STORE_FILE, meta)
+            self.meta = meta
 
     def finished_task_keys(self) -> set[tuple[str, int]]:
         """Returns the (task id, seed) of every committed or buffered task group."""
@@ -250,7 +274,7 @@ class StoreWriter(TrajectoryStore):
         return False
 
     def flush(self) -> None:
-        """Commits every buffered group as one flush (steps shard, then trajectories shard)."""
+        """Commits every buffered group as one flush: steps shard, trajectories shard, then the marker."""
         if not self._buffer:
             return
         seq = self._next_seq
@@ -260,11 +284,12 @@ class StoreWriter(TrajectoryStore):
             for traj, traj_steps in group:
                 trajectories.append(_located(traj, steps_name if traj_steps else "", len(steps)))
                 steps.extend(traj_steps)
-        if steps:
-            _write_shard(self.directory / steps_name, (s.to_bytes() for s in steps))
-        _write_shard(self.directory / shard_name(TRAJECTORIES, seq), (t.to_bytes() for t in trajectories))
-        _fsync_dir(self.directory)
-        self._committed |= {group[0][0].key for group in self._buffer}
+        steps_info = _write_shard(self.directory / steps_name, (s.to_bytes() for s in steps)) if steps else None
+        traj_info = _write_shard(self.directory / shard_name(TRAJECTORIES, seq), (t.to_bytes() for t in trajectories))
+        flush = Flush(seq, traj_info, steps_info, tuple(group[0][0].key for group in self._buffer))
+        _write_json(self.directory / marker_name(seq), flush.to_json())  # the commit
+        self._flushes[seq] = flush
+        self._committed |= set(flush.task_groups)
         self._buffer, self._buffered_since = [], None
         self._next_seq = seq + 1
 
@@ -274,9 +299,28 @@ class StoreWriter(TrajectoryStore):
             if not self._lock.closed:
                 self.flush()
         finally:
-            super().close()
-            if not self._lock.closed:
-                self._lock.close()
+            try:
+                super().close()
+            finally:
+                if not self._lock.closed:
+                    self._lock.close()
+
+
+def _check_policy(directory: pathlib.Path, meta: dict[str, Any], policy: str | None) -> None:
+    recorded = meta.get("policy")
+    if policy is not None and recorded is not None and policy != recorded:
+        raise StoreError(f"the trajectory store at {directory} holds the trajectories of policy {recorded!r}; this "
+                         f"run's policy is {policy!r}: one store holds one policy's trajectories (reports and SFT "
+                         f"read them as one). Collect into another store (collect.store_dir), or with {recorded!r}")
+
+
+def _remove_orphans(directory: pathlib.Path) -> list[str]:
+    removed = orphan_files(directory, read_meta(directory))
+    for entry in removed:
+        (directory / entry).unlink()
+    if removed:
+        fsync_dir(directory)
+    return removed
 
 
 def _located(traj: TrajectoryRecord, shard: str, start: int) -> TrajectoryRecord:
@@ -299,12 +343,15 @@ def _check_group(attempts: list[Attempt]) -> None:
                 raise ValueError(f"{traj.request_id}: step {j} is step {step.step} of {step.request_id}")
 
 
-def _write_shard(path: pathlib.Path, records: Iterable[bytes]) -> None:
+def _write_shard(path: pathlib.Path, records: Iterable[bytes]) -> dict[str, Any]:
+    """Writes the shard through a synced temp file and a rename; returns its marker entry."""
     tmp = path.with_name(TMP_PREFIX + path.name)
     writer = ArrayRecordWriter(str(tmp), WRITER_OPTIONS)
+    count = 0
     try:
         for data in records:
             writer.write(data)
+            count += 1
         if not writer.ok():
             raise OSError(f"writing shard {tmp} failed")
     finally:
@@ -314,22 +361,24 @@ def _write_shard(path: pathlib.Path, records: Iterable[bytes]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    info = {"file": path.name, "records": count, "bytes": tmp.stat().st_size, "sha256": file_sha256(tmp)}
     os.replace(tmp, path)
+    return info
 
 
-def _write_atomic(path: pathlib.Path, data: bytes) -> None:
-    tmp = path.with_name(TMP_PREFIX + path.name)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: pathlib.Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def _shard_info(path: pathlib.Path) -> dict[str, Any]:
+    reader = open_reader(path)
     try:
-        os.fsync(fd)
+        records = reader.num_records()
     finally:
-        os.close(fd)
+        reader.close()
+    return {"file": path.name, "records": records, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def _write_json(path: pathlib.Path, data: dict[str, Any]) -> None:
+    write_atomic(path, json.dumps(data, indent=1).encode())
+
+
+if __name__ == "__main__":  # python -m rmsweb_jax.collect.store --check/--repair DIR
+    from rmsweb_jax.collect.store_check import main
+    raise SystemExit(main())

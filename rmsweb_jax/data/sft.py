@@ -2,7 +2,8 @@
 
     view = SFTView("workdir/store")
     split = split_by_task(view, held_out_fraction=0.2, seed=0)
-    with SFTBatches(view, split.train, data_config, tokenizer_dir=ckpt, rows=8) as batches:
+    with SFTBatches(view, split.train, data_config, tokenizer_dir=ckpt, image_config=images, rows=8,
+                    prompt_config=prompt_config_from(config)) as batches:
         trainer.fit(batches)                # batches: the trainer's BatchSource (get_state / set_state)
 
 A Grain pipeline over `SFTView` (the successful steps, reflection-free):
@@ -35,6 +36,7 @@ from absl import flags, logging
 
 from rmsweb_jax.agents.prompt import PromptBuilder, PromptConfig
 from rmsweb_jax.collect.sft_view import SFTExample, SFTView
+from rmsweb_jax.collect.store_provenance import check_provenance, provenance
 from rmsweb_jax.data.batching import BATCHING_MODES, TOO_LONG_MODES, Buckets, batch_dataset
 from rmsweb_jax.processing.chat import MASK_MODES, encode_for_training
 from rmsweb_jax.processing.image import ImageProcessorConfig
@@ -181,7 +183,7 @@ class EncodeSFTExample(grain.transforms.Map):
     """
 
     def __init__(self, tokenizer_dir: str | pathlib.Path, image_config: ImageProcessorConfig,
-                 prompt_config: PromptConfig = PromptConfig(), mask: str = "thought_and_action"):
+                 prompt_config: PromptConfig, mask: str = "thought_and_action"):
         if mask not in MASK_MODES:
             raise ValueError(f"config.data.mask = {mask!r}; expected one of {list(MASK_MODES)}")
         self.tokenizer_dir, self.image_config = str(tokenizer_dir), image_config
@@ -201,7 +203,7 @@ class EncodeSFTExample(grain.transforms.Map):
     def tokenizer(self):
         tokenizer = getattr(self._local, "tokenizer", None)
         if tokenizer is None:
-            from rmsweb_jax.processing.prompts import load_tokenizer
+            from rmsweb_jax.processing.prompt_tokens import load_tokenizer
             with _LOAD_LOCK:
                 tokenizer = self._local.tokenizer = load_tokenizer(self.tokenizer_dir)
         return tokenizer
@@ -239,10 +241,11 @@ class SFTBatches:
 
     def __init__(self, view: SFTView, indices: Sequence[int], cfg: SFTDataConfig, *,
                  tokenizer_dir: str | pathlib.Path, image_config: ImageProcessorConfig, rows: int,
-                 prompt_config: PromptConfig = PromptConfig(), pad_id: int = 0, process_index: int = 0,
+                 prompt_config: PromptConfig, pad_id: int = 0, process_index: int = 0,
                  process_count: int = 1, epochs: int | None = None):
         self.cfg, self.rows = cfg, rows
         encoder = EncodeSFTExample(tokenizer_dir, image_config, prompt_config, cfg.mask)
+        check_provenance(view.store_dir, provenance(prompt_config, encoder.tokenizer, image_config))  # warns
         examples = example_dataset(view, indices, encoder, seed=cfg.seed, process_index=process_index,
                                    process_count=process_count, epochs=epochs)
         self.examples_per_epoch = len(indices) // process_count  # this host's

@@ -7,11 +7,16 @@ which gives the block-diagonal attention of the vision tower. A KV cache marks e
 """
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
+from absl import logging
 
 _SPLASH_BLOCK = 128  # splash tiles the sequence in blocks of 128 (Mosaic's lane width)
 _CAUSAL_CHUNK = 128  # smallest query chunk of the XLA path's block-causal split
+_FALLBACKS_LOGGED: set[tuple] = set()  # (q shape, k shape, dtype, reason) already reported under "auto"
+_FALLBACKS_LOCK = threading.Lock()
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_segment_ids: jax.Array, kv_segment_ids: jax.Array,
@@ -33,16 +38,15 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_segment_ids: jax.Ar
     if causal:
         q_positions = jnp.broadcast_to(jnp.arange(t), (b, t)) if q_positions is None else q_positions
         kv_positions = jnp.broadcast_to(jnp.arange(s), (b, s)) if kv_positions is None else kv_positions
-    impl = _resolve(impl)
+    requested, impl = impl, _resolve(impl)
     if impl in ("splash", "splash_interpret") and in_order and t % _SPLASH_BLOCK == 0:
         # "splash_interpret" runs the same Pallas kernel in interpret mode (tests on CPU).
         return _splash(q, k, v, q_segment_ids, kv_segment_ids, causal, scale, interpret=impl == "splash_interpret")
     if impl == "cudnn" and t > 1:
         mask = _mask(q_segment_ids, kv_segment_ids, causal, q_positions, kv_positions)
-        try:
-            return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="cudnn")
-        except Exception:  # cuDNN rejects some shapes/dtypes (e.g. fp32, head_dim > 128): fall back to XLA
-            pass
+        out = _cudnn(q, k, v, mask, scale, requested=requested)
+        if out is not None:
+            return out
     if causal and in_order and t >= 2 * _CAUSAL_CHUNK:
         return _xla_causal_chunked(q, k, v, q_segment_ids, kv_segment_ids, q_positions, kv_positions, scale)
     return _xla(q, k, v, q_segment_ids, kv_segment_ids, causal, q_positions, kv_positions, scale)
@@ -64,6 +68,31 @@ def _xla_causal_chunked(q, k, v, q_seg, kv_seg, q_pos, kv_pos, scale, max_chunks
         outs.append(_xla(q[:, qs], k[:, :ke], v[:, :ke], q_seg[:, qs], kv_seg[:, :ke], True, q_pos[:, qs],
                          kv_pos[:, :ke], scale))
     return jnp.concatenate(outs, axis=1)
+
+
+def _cudnn(q, k, v, mask, scale, *, requested: str) -> jax.Array | None:
+    """Returns cuDNN's attention, or None under "auto" when cuDNN refuses these inputs (logged once per shape).
+
+    cuDNN refuses some inputs (fp32, head_dim > 128, no cuDNN at all). Asked for by name, that is an
+    error; under "auto" the XLA path runs instead, which materialises [T, S] logits per head: it is
+    slower and can run out of memory on long rows, so the fallback is reported rather than silent.
+    """
+    try:
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation="cudnn")
+    except (ValueError, RuntimeError, NotImplementedError) as err:  # jax's cuDNN checks raise these
+        why = f"cuDNN attention refused q {tuple(q.shape)} k {tuple(k.shape)} {q.dtype}: {err}"
+        if requested == "cudnn":
+            raise ValueError(f"config.model.attention_impl = 'cudnn': {why}. Use 'auto' (falls back to XLA) or "
+                             "'xla', or inputs cuDNN takes (bfloat16/float16 compute, head_dim <= 128, a GPU with "
+                             "cuDNN)") from err
+        key = (tuple(q.shape), tuple(k.shape), str(q.dtype), str(err))
+        with _FALLBACKS_LOCK:
+            first = key not in _FALLBACKS_LOGGED
+            _FALLBACKS_LOGGED.add(key)
+        if first:
+            logging.warning("attention_impl 'auto': %s; using the XLA path for this shape (slower; its [T, S] "
+                            "logits can run out of memory on long rows)", why)
+        return None
 
 
 def _resolve(impl: str) -> str:

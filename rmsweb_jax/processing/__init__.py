@@ -6,7 +6,7 @@ from rmsweb_jax.processing.image import (
     smart_resize,
     to_rgb_array,
 )
-from rmsweb_jax.processing.prompts import batch_left_pad, encode_multimodal, load_tokenizer
+from rmsweb_jax.processing.prompt_tokens import batch_left_pad, encode_multimodal, load_tokenizer
 
 __all__ = [
     "ImageProcessorConfig",

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from rmsweb_jax.processing.image import ImageProcessorConfig, preprocess_images
-from rmsweb_jax.processing.prompts import IMAGE_TOKEN, encode_multimodal
+from rmsweb_jax.processing.prompt_tokens import IMAGE_TOKEN, encode_multimodal
 
 ROLES = ("system", "user", "assistant")
 MASK_MODES = ("thought_and_action", "action_only")

@@ -4,18 +4,33 @@ Each check names the field at fault (`messages[2].content[1].image_url.url`) in 
 OpenAI-style error. Fields the server does not use (tools, penalties, user, ...) are ignored,
 as OpenAI-compatible servers do; fields whose meaning it cannot honour (stream, n > 1,
 logprobs) are refused rather than silently dropped.
+
+Everything here runs on the request's own thread before it queues, and bounds what it lets
+through: numbers to their types' ranges (JSON integers are unbounded), images by the pixel count
+in their header (read before a pixel is decoded), and text by its UTF-8 size (before tokenizing).
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
+import io
 import math
+import warnings
 from typing import Any
+
+from PIL import Image
 
 from rmsweb_jax.processing.chat import decode_image_part
 from rmsweb_jax.sampling.sampler import SamplingParams
 
 ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 4
+INT64 = (-(2 ** 63), 2 ** 63 - 1)  # OpenAI's seed is an int64
+SEED_MODULUS = 2 ** 32  # jax.random.key keeps the low 32 bits of a seed (without x64)
+MAX_TOP_K = 2 ** 31 - 1  # an int32 in the sampler; any top_k above the vocabulary means "off"
+# The server's default limits (its flags and ChatServer's arguments read these).
+DEFAULT_MAX_IMAGE_PIXELS = 1920 * 1080  # a full-HD screenshot
+DEFAULT_MAX_PROMPT_BYTES = 1 << 20  # 32 bytes a token at the 32768-token bucket: no real prompt that fits is refused
 
 
 class RequestError(Exception):
@@ -34,54 +49,132 @@ class RequestError(Exception):
 @dataclasses.dataclass(frozen=True)
 class ChatRequest:
     """A checked request: messages (content normalized to a str or a list of text / image_url
-    parts), the sampling settings, the seed (None: the server picks one) and stop strings."""
+    parts), the sampling settings, the seed (the request's, reduced mod 2**32; None: the server
+    picks one), stop strings, each image's (width, height) in message order, and the UTF-8 bytes
+    of all its text."""
 
     messages: list
     params: SamplingParams
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    image_sizes: tuple[tuple[int, int], ...] = ()
+    text_bytes: int = 0
 
 
 def _invalid(param: str, message: str, code: str = "invalid_value") -> RequestError:
     return RequestError(400, f"{param}: {message}", param=param, code=code)
 
 
+def _preview(value: Any) -> str:
+    """Returns a short repr of a JSON value (never the repr of a whole 10 MB or 900-deep value)."""
+    if isinstance(value, (list, dict)):
+        return f"a JSON {'array' if isinstance(value, list) else 'object'} of {len(value)} item(s)"
+    text = repr(value[:60] if isinstance(value, str) else value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _number(body: dict, key: str, default: float, low: float, high: float, *, open_low: bool = False) -> float:
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _invalid(key, f"expected a number, got {value!r}", "invalid_type")
+    # Only floats go through isfinite: JSON integers are unbounded and math.isfinite(10**400) raises.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise _invalid(key, f"expected a number, got {_preview(value)}", "invalid_type")
     if value > high or value < low or (open_low and value == low):
         bracket = "(" if open_low else "["
-        raise _invalid(key, f"expected a number in {bracket}{low:g}, {high:g}], got {value!r}")
+        raise _invalid(key, f"expected a number in {bracket}{low:g}, {high:g}], got {_preview(value)}")
     return float(value)
 
 
-def _integer(body: dict, key: str) -> int | None:
+def _integer(body: dict, key: str, low: int | None = None, high: int | None = None) -> int | None:
     value = body.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid(key, f"expected an integer, got {value!r}", "invalid_type")
+        raise _invalid(key, f"expected an integer, got {_preview(value)}", "invalid_type")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise _invalid(key, f"expected an integer in [{low}, {high}], got {_preview(value)}")
     return value
 
 
-def check_image_url(url: Any, param: str) -> None:
-    """Raises RequestError unless `url` is a data:image/...;base64 URL of a decodable image."""
+def _header_size(url: str) -> tuple[int, int] | None:
+    """Returns (width, height) from an image data URL's header without decoding pixels, or None
+    when the URL or image is malformed (decode_image_part then says exactly what is wrong).
+    Raises Image.DecompressionBombError past Pillow's own limit (2 x Image.MAX_IMAGE_PIXELS)."""
+    header, sep, payload = url.partition(",")
+    if not (header.startswith("data:") and sep):
+        return None
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except ValueError:  # binascii.Error is a ValueError
+        return None
+    with warnings.catch_warnings():  # between PIL's warning and error sizes: our own limit decides
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            with Image.open(io.BytesIO(data)) as image:  # lazy: reads the header only
+                return image.size
+        except Image.DecompressionBombError:
+            raise
+        except Exception:  # noqa: BLE001 — PIL raises many types; decode_image_part reports the error
+            return None
+
+
+def check_image_url(url: Any, param: str, max_pixels: int) -> tuple[int, int]:
+    """Returns (width, height) of a data:image/...;base64 URL's image; raises RequestError unless
+    it decodes and has at most `max_pixels` pixels (checked from the header, before decoding)."""
     if not isinstance(url, str):
         raise _invalid(param, f"expected a string, got {type(url).__name__}", "invalid_type")
+    limit = f"this server's limit of {max_pixels:,} pixels (--max_image_pixels); send a smaller image"
+    try:
+        size = _header_size(url)
+    except Image.DecompressionBombError as e:
+        raise _invalid(param, f"image refused from its header ({e}); {limit}", "image_too_large") from None
+    if size is not None and size[0] * size[1] > max_pixels:
+        raise _invalid(param, f"image of {size[0]}x{size[1]} ({size[0] * size[1]:,} pixels) exceeds {limit}",
+                       "image_too_large")
     try:  # the same rules the model's prompt encoder applies, checked before the request queues
-        decode_image_part({"type": "image_url", "image_url": {"url": url}})
+        image = decode_image_part({"type": "image_url", "image_url": {"url": url}})
     except ValueError as e:
         raise _invalid(param, str(e), "invalid_image") from None
+    image.close()
+    return image.size
 
 
-def _content(content: Any, param: str, role: str) -> str | list[dict[str, Any]]:
+def _utf8_size(text: str, param: str, budget: int) -> int:
+    """Returns len(text.encode()) (or any number > budget once it is past it); raises RequestError
+    on text that is not UTF-8 (lone surrogates, which JSON allows as escapes)."""
+    if len(text) > budget or text.isascii():  # a character is at least one byte
+        return len(text)
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise _invalid(param, f"text is not valid Unicode: {e.reason} at character {e.start}") from None
+
+
+@dataclasses.dataclass
+class _Tally:
+    """What the messages hold so far: image sizes, and the text's UTF-8 bytes."""
+
+    max_image_pixels: int
+    max_prompt_bytes: int
+    image_sizes: list = dataclasses.field(default_factory=list)
+    text_bytes: int = 0
+
+    def text(self, text: str, param: str) -> None:
+        self.text_bytes += _utf8_size(text, param, self.max_prompt_bytes - self.text_bytes)
+        if self.text_bytes > self.max_prompt_bytes:
+            raise RequestError(400, f"messages: the text is longer than this server's limit of {self.max_prompt_bytes:,}"
+                               " UTF-8 bytes (--max_prompt_bytes), so the prompt cannot fit; send a shorter one "
+                               f"(the limit was passed at {param})", param="messages", code="prompt_too_long")
+
+
+def _content(content: Any, param: str, role: str, tally: _Tally) -> str | list[dict[str, Any]]:
     """Returns the content normalized: a str, or a list of text / image_url parts."""
     if content is None:
         return ""
     if isinstance(content, str):
+        tally.text(content, param)
         return content
     if not isinstance(content, list):
         raise _invalid(param, f"expected a string or a list of parts, got {type(content).__name__}", "invalid_type")
@@ -93,25 +186,26 @@ def _content(content: Any, param: str, role: str) -> str | list[dict[str, Any]]:
         kind = part.get("type")
         if kind == "text":
             if not isinstance(part.get("text"), str):
-                raise _invalid(f"{where}.text", f"expected a string, got {part.get('text')!r:.60}", "invalid_type")
+                raise _invalid(f"{where}.text", f"expected a string, got {_preview(part.get('text'))}", "invalid_type")
+            tally.text(part["text"], f"{where}.text")
             parts.append({"type": "text", "text": part["text"]})
         elif kind == "image_url":
             if role != "user":  # chat templates drop images of other turns: refuse, not lose pixels
                 raise _invalid(where, f"images are accepted only in user messages, not in a {role} message")
             image = part.get("image_url")
             url = image.get("url") if isinstance(image, dict) else image
-            check_image_url(url, f"{where}.image_url.url")
+            tally.image_sizes.append(check_image_url(url, f"{where}.image_url.url", tally.max_image_pixels))
             parts.append({"type": "image_url", "image_url": {"url": url}})
         else:
-            raise _invalid(f"{where}.type", f"expected 'text' or 'image_url', got {kind!r}")
+            raise _invalid(f"{where}.type", f"expected 'text' or 'image_url', got {_preview(kind)}")
     return parts
 
 
-def _messages(value: Any) -> list[dict[str, Any]]:
+def _messages(value: Any, tally: _Tally) -> list[dict[str, Any]]:
     if value is None:
         raise RequestError(400, "messages: required field is missing", param="messages", code="missing_field")
     if not isinstance(value, list) or not value:
-        raise _invalid("messages", f"expected a non-empty list of messages, got {value!r:.80}")
+        raise _invalid("messages", f"expected a non-empty list of messages, got {_preview(value)}")
     messages = []
     for i, message in enumerate(value):
         where = f"messages[{i}]"
@@ -119,23 +213,28 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             raise _invalid(where, f"expected an object, got {type(message).__name__}", "invalid_type")
         role = message.get("role")
         if role not in ROLES:
-            raise _invalid(f"{where}.role", f"expected one of {list(ROLES)}, got {role!r}")
+            raise _invalid(f"{where}.role", f"expected one of {list(ROLES)}, got {_preview(role)}")
         if "content" not in message:
             raise RequestError(400, f"{where}.content: required field is missing", param=f"{where}.content",
                                code="missing_field")
-        messages.append({"role": role, "content": _content(message["content"], f"{where}.content", role)})
+        messages.append({"role": role, "content": _content(message["content"], f"{where}.content", role, tally)})
     return messages
 
 
-def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, default_max_tokens: int) -> ChatRequest:
-    """Returns the checked request for a decoded JSON `body`; raises RequestError naming the field."""
+def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, default_max_tokens: int,
+                       max_image_pixels: int, max_prompt_bytes: int) -> ChatRequest:
+    """Returns the checked request for a decoded JSON `body`; raises RequestError naming the field.
+
+    Refuses images of more than `max_image_pixels` pixels and text of more than `max_prompt_bytes`
+    UTF-8 bytes (code image_too_large / prompt_too_long) before decoding or tokenizing them.
+    """
     if not isinstance(body, dict):
         raise RequestError(400, f"request body: expected a JSON object, got {type(body).__name__}", code="invalid_type")
     model = body.get("model")
     if model is None:
         raise RequestError(400, "model: required field is missing", param="model", code="missing_field")
     if model != model_name:
-        raise RequestError(404, f"model: {model!r} is not served here; this server serves {model_name!r}",
+        raise RequestError(404, f"model: {_preview(model)} is not served here; this server serves {model_name!r}",
                            param="model", code="model_not_found")
     if body.get("stream"):
         raise _invalid("stream", "streaming is not supported; send \"stream\": false", "unsupported_value")
@@ -144,7 +243,8 @@ def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, def
         raise _invalid("n", f"only n = 1 is supported, got {n}", "unsupported_value")
     if body.get("logprobs"):
         raise _invalid("logprobs", "log-probabilities are not returned by this server", "unsupported_value")
-    messages = _messages(body.get("messages"))
+    tally = _Tally(max_image_pixels, max_prompt_bytes)
+    messages = _messages(body.get("messages"), tally)
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(body, key)
     if max_tokens is None:
@@ -153,10 +253,8 @@ def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, def
         raise _invalid(key, f"expected an integer in [1, {max_tokens_limit}], got {max_tokens}")
     temperature = _number(body, "temperature", 0.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, open_low=True)
-    top_k = _integer(body, "top_k")  # vLLM's extension; -1 there means "off", as 0 does here
-    if top_k is not None and top_k < -1:
-        raise _invalid("top_k", f"expected an integer >= -1, got {top_k}")
-    seed = _integer(body, "seed")
+    top_k = _integer(body, "top_k", -1, MAX_TOP_K)  # vLLM's extension; -1 there means "off", as 0 does here
+    seed = _integer(body, "seed", *INT64)
     stop = body.get("stop")
     if stop is None:
         stop = ()
@@ -165,9 +263,10 @@ def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, def
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= MAX_STOP_STRINGS:
         stop = tuple(stop)
     else:
-        raise _invalid("stop", f"expected a string or a list of at most {MAX_STOP_STRINGS} strings, got {stop!r:.80}")
+        raise _invalid("stop", f"expected a string or a list of at most {MAX_STOP_STRINGS} strings, got {_preview(stop)}")
     if any(not s for s in stop):
         raise _invalid("stop", "stop strings must not be empty")
     params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p,
                             top_k=max(top_k or 0, 0))
-    return ChatRequest(messages=messages, params=params, seed=seed, stop=stop)
+    return ChatRequest(messages=messages, params=params, seed=None if seed is None else seed % SEED_MODULUS,
+                       stop=stop, image_sizes=tuple(tally.image_sizes), text_bytes=tally.text_bytes)

@@ -8,13 +8,16 @@ so many browser workers share one generation. Every bad request gets an OpenAI-s
 error ({"error": {"message", "type", "param", "code"}}) with a 4xx and the server keeps serving.
 A conversation the model rejects (ValueError: too long, undecodable) gets a 400 without failing
 the rest of its batch; any other generation failure gets a 500, and the server keeps serving.
+
+What a request may cost is bounded before it queues, on its own thread: at most `max_pending`
+requests are in progress (more get a 429), images are checked against `max_image_pixels` from
+their headers, text against `max_prompt_bytes` before tokenizing, and the prompt's token count
+against the model's largest length bucket (`PromptBudget`). So the batch thread only ever sees
+requests the model will take, and a refused request never holds up the ones behind it.
 """
 from __future__ import annotations
 
 import dataclasses
-import hmac
-import http.server
-import json
 import queue
 import signal
 import threading
@@ -24,13 +27,13 @@ from typing import Any
 
 from absl import logging
 
-from rmsweb_jax.sampling.chat_request import ChatRequest, RequestError, parse_chat_request
+from rmsweb_jax.sampling.chat_http import MiB, ChatHTTPServer
+from rmsweb_jax.sampling.chat_request import (DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_PROMPT_BYTES, ChatRequest,
+                                              RequestError, parse_chat_request)
+from rmsweb_jax.sampling.prompt_budget import PromptBudget
 from rmsweb_jax.sampling.sampler import SamplingParams
 
-MiB = 1 << 20
-# Bodies up to this size are read and dropped after a 401/413, so the client sees the reply
-# instead of a reset connection; anything larger just gets the connection closed.
-_DRAIN_LIMIT = 64 * MiB
+DEFAULT_MAX_PENDING = 64  # requests in progress at once (bodies being read, queued, generating)
 
 
 @dataclasses.dataclass
@@ -44,7 +47,8 @@ class _Job:
 
 
 class ChatServer:
-    """Serves `chat_model` (a ChatModel: `.name`, `.complete(conversations, params, seed=)`).
+    """Serves `chat_model` (a ChatModel: `.name`, `.complete(conversations, params, seed=)`, and
+    `.tokenizer`, `.image_config`, `.max_prompt_tokens` for counting prompts up front).
 
         with ChatServer(model, api_key="k") as server:
             client = ChatClient(server.base_url, model.name, api_key="k")
@@ -55,13 +59,14 @@ class ChatServer:
 
     def __init__(self, chat_model, *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
                  max_body_bytes: int = 32 * MiB, max_tokens_limit: int = 4096, default_max_tokens: int = 512,
-                 max_batch: int = 8, batch_window_s: float = 0.01, request_timeout_s: float = 600.0):
-        if max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes!r}")
-        if max_tokens_limit < 1:
-            raise ValueError(f"max_tokens_limit must be >= 1, got {max_tokens_limit!r}")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
+                 max_batch: int = 8, batch_window_s: float = 0.01, request_timeout_s: float = 600.0,
+                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES,
+                 max_pending: int = DEFAULT_MAX_PENDING):
+        for name, value in (("max_body_bytes", max_body_bytes), ("max_tokens_limit", max_tokens_limit),
+                            ("max_batch", max_batch), ("max_image_pixels", max_image_pixels),
+                            ("max_prompt_bytes", max_prompt_bytes), ("max_pending", max_pending)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value!r}")
         if batch_window_s < 0:
             raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s!r}")
         self.chat_model = chat_model
@@ -74,13 +79,17 @@ class ChatServer:
         self.max_batch = int(max_batch)
         self.batch_window_s = float(batch_window_s)
         self.request_timeout_s = float(request_timeout_s)
+        self.max_image_pixels, self.max_prompt_bytes = int(max_image_pixels), int(max_prompt_bytes)
+        self.max_pending = int(max_pending)
+        self._pending = threading.BoundedSemaphore(self.max_pending)
+        self._budget = PromptBudget(chat_model)
         self.created = int(time.time())
         self._jobs: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._seed = 0
         self._stats = {"requests": 0, "completions": 0, "complete_calls": 0, "max_batch_seen": 0, "client_errors": 0,
                        "server_errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
-        self._httpd: http.server.ThreadingHTTPServer | None = None
+        self._httpd: ChatHTTPServer | None = None
         self._threads: list[threading.Thread] = []
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -88,9 +97,7 @@ class ChatServer:
         """Binds the port and starts the HTTP and batching threads (idempotent)."""
         if self._httpd is not None:
             return self
-        httpd = http.server.ThreadingHTTPServer((self.host, self._port), _Handler)
-        httpd.daemon_threads = True
-        httpd.app = self  # type: ignore[attr-defined] — how a handler finds its server
+        httpd = ChatHTTPServer((self.host, self._port), self)
         self._httpd = httpd
         self._port = httpd.server_address[1]
         self._threads = [threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2},
@@ -160,11 +167,21 @@ class ChatServer:
             for key, value in deltas.items():
                 self._stats[key] += value
 
+    def admit(self) -> bool:
+        """Returns whether one more request may start (fewer than max_pending in progress); pair with release()."""
+        return self._pending.acquire(blocking=False)
+
+    def release(self) -> None:
+        """Ends a request admitted by admit()."""
+        self._pending.release()
+
     # --- one chat completion --------------------------------------------------------------------
     def chat_completion(self, body: Any) -> dict[str, Any]:
         """Returns the OpenAI chat.completion object for a parsed JSON `body`; raises RequestError."""
         request = parse_chat_request(body, model_name=self.model_name, max_tokens_limit=self.max_tokens_limit,
-                                     default_max_tokens=self.default_max_tokens)
+                                     default_max_tokens=self.default_max_tokens, max_image_pixels=self.max_image_pixels,
+                                     max_prompt_bytes=self.max_prompt_bytes)
+        self._budget.check(request)  # here, not on the batch thread
         if self._httpd is None:
             raise RequestError(503, "the server is shutting down", code="server_shutting_down")
         job = _Job(request)
@@ -250,130 +267,6 @@ def _apply_stop(text: str, finish_reason: str, stop: tuple[str, ...]) -> tuple[s
     return (text[:min(cuts)], "stop") if cuts else (text, finish_reason)
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "rmsweb-serve/0.1"
-    timeout = 60  # a client that stops sending mid-request frees its thread after this
-
-    def log_message(self, format, *args):  # noqa: A002 — signature fixed by the base class
-        logging.debug("%s %s", self.address_string(), format % args)
-
-    @property
-    def app(self) -> ChatServer:
-        return self.server.app  # type: ignore[attr-defined]
-
-    def do_GET(self):  # noqa: N802 — http.server's naming
-        path = self.path.split("?", 1)[0].rstrip("/")
-        try:
-            if path == "/health":
-                self._reply(200, {"status": "ok", "model": self.app.model_name})
-            elif path in ("/v1/models", "/models"):
-                self._authorize()
-                self._reply(200, self.app.models())
-            else:
-                raise RequestError(404, f"no route GET {path}; try /health, /v1/models, POST /v1/chat/completions",
-                                   code="not_found")
-        except RequestError as e:
-            self._error(e)
-
-    def do_POST(self):  # noqa: N802
-        path = self.path.split("?", 1)[0].rstrip("/")
-        try:
-            if path not in ("/v1/chat/completions", "/chat/completions"):
-                self._drain()
-                raise RequestError(404, f"no route POST {path}; try /v1/chat/completions", code="not_found")
-            try:
-                self._authorize()
-            except RequestError:
-                self._drain()
-                raise
-            body = self._read_json()
-            self._reply(200, self.app.chat_completion(body))
-        except RequestError as e:
-            self._error(e)
-        except Exception as e:  # noqa: BLE001 — a bug here must not take the server down
-            logging.exception("unexpected error serving %s", path)
-            self._error(RequestError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error",
-                                     type_="server_error"))
-
-    def _authorize(self) -> None:
-        key = self.app.api_key
-        if key is None:
-            return
-        header = self.headers.get("Authorization", "")
-        given = header[7:].strip() if header[:7].lower() == "bearer " else ""
-        if not given:
-            raise RequestError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-        if not hmac.compare_digest(given.encode(), key.encode()):
-            raise RequestError(401, "incorrect API key", code="invalid_api_key")
-
-    def _content_length(self) -> int:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            self.close_connection = True
-            raise RequestError(411, "chunked bodies are not supported: send a Content-Length", code="length_required")
-        raw = self.headers.get("Content-Length")
-        if raw is None:
-            raise RequestError(411, "missing Content-Length header", code="length_required")
-        try:
-            n = int(raw)
-            if n < 0:
-                raise ValueError
-        except ValueError:
-            self.close_connection = True
-            raise RequestError(400, f"Content-Length: expected a non-negative integer, got {raw!r}",
-                               code="invalid_header") from None
-        return n
-
-    def _drain(self) -> None:
-        """Reads and drops the body so the connection stays in step (or closes it if huge)."""
-        try:
-            n = self._content_length()
-        except RequestError:
-            return
-        if n > _DRAIN_LIMIT:
-            self.close_connection = True
-            return
-        while n > 0:
-            chunk = self.rfile.read(min(n, MiB))
-            if not chunk:
-                self.close_connection = True
-                return
-            n -= len(chunk)
-
-    def _read_json(self) -> Any:
-        n = self._content_length()
-        if n > self.app.max_body_bytes:
-            self._drain()
-            raise RequestError(413, f"request body of {n} bytes exceeds the limit of {self.app.max_body_bytes} bytes",
-                               code="request_too_large")
-        data = self.rfile.read(n)
-        if len(data) != n:
-            self.close_connection = True
-            raise RequestError(400, f"body ended after {len(data)} of {n} bytes (Content-Length)", code="incomplete_body")
-        try:
-            return json.loads(data)
-        except (UnicodeDecodeError, ValueError) as e:
-            raise RequestError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
-
-    def _error(self, e: RequestError) -> None:
-        self.app._count(client_errors=int(e.status < 500), server_errors=int(e.status >= 500))
-        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else {}
-        self._reply(e.status, e.to_dict(), headers)
-
-    def _reply(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        self.app._count(requests=1)
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-
-
 def main(argv) -> None:
     """Loads --checkpoint, serves it until interrupted, and prints the URL."""
     import pathlib
@@ -382,7 +275,7 @@ def main(argv) -> None:
     from absl import app
     from absl import flags as absl_flags
 
-    from rmsweb_jax.agents.chat_model import ChatModel
+    from rmsweb_jax.sampling.chat_model import ChatModel
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     flags = absl_flags.FLAGS
@@ -390,7 +283,9 @@ def main(argv) -> None:
     model = ChatModel.load(flags.checkpoint, workdir)
     server = ChatServer(model, host=flags.host, port=flags.port, api_key=flags.api_key or None,
                         max_body_bytes=flags.max_body_mib * MiB, max_tokens_limit=flags.max_tokens_limit,
-                        max_batch=flags.max_batch, batch_window_s=flags.batch_window_s)
+                        max_batch=flags.max_batch, batch_window_s=flags.batch_window_s,
+                        max_image_pixels=flags.max_image_pixels, max_prompt_bytes=flags.max_prompt_bytes,
+                        max_pending=flags.max_pending)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # `kill` stops it as cleanly as Ctrl-C
     with server:
@@ -417,6 +312,11 @@ def define_flags() -> None:
     flags.DEFINE_float("batch_window_s", 0.01, "How long to wait for more requests to batch.")
     flags.DEFINE_integer("max_tokens_limit", 4096, "Largest max_tokens a request may ask for.")
     flags.DEFINE_integer("max_body_mib", 32, "Largest request body, in MiB.")
+    flags.DEFINE_integer("max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS,
+                         "Most pixels (width x height) an image may have; larger ones are refused from their header.")
+    flags.DEFINE_integer("max_prompt_bytes", DEFAULT_MAX_PROMPT_BYTES,
+                         "Most UTF-8 bytes of text a request may hold; more is refused before tokenizing.")
+    flags.DEFINE_integer("max_pending", DEFAULT_MAX_PENDING, "Most requests in progress; more get a 429.")
     flags.mark_flag_as_required("checkpoint")
 
 

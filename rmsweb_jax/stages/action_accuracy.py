@@ -2,8 +2,9 @@
 
     python -m rmsweb_jax.main --config=configs/demo.py --config.stages=action_accuracy --workdir=/tmp/run
 
-For every held-out step (the task groups `sft` left out: same store, config.data.held_out_fraction
-and split_seed), the model greedily writes its turn for the step's prompt (the shared prompt
+For every held-out step (the task groups `sft` left out, read from the <workdir>/sft/split.json it
+wrote, never recomputed: groups added to the store since are evaluated on neither side), the
+model greedily writes its turn for the step's prompt (the shared prompt
 builder, no reflections); the turn is parsed and compared with the stored action by
 `web.semantics.same_action` on the stored observation (same element, same text, same keys, ...).
 The checkpoint is config.action_accuracy.checkpoint (default hf:<workdir>/sft/hf, the sft export).
@@ -16,11 +17,14 @@ import json
 import pathlib
 import time
 
+from tqdm import tqdm
+
 from rmsweb_jax.agents.policy import PolicyOutput
-from rmsweb_jax.agents.prompt import PromptBuilder
+from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.collect.sft_view import SFTExample
 from rmsweb_jax.data.sft import example_name
-from rmsweb_jax.stages.sft import load_split, prompt_config
+from rmsweb_jax.errors import UserError
+from rmsweb_jax.stages.sft import saved_split
 from rmsweb_jax.web.semantics import same_action
 
 REPORT = "sft_eval.json"
@@ -51,24 +55,25 @@ def reference_agreement(examples: list[SFTExample]) -> float:
 
 def run(config, workdir: pathlib.Path) -> dict:
     """Evaluates the checkpoint on the held-out steps; writes workdir/sft_eval.json and returns it."""
-    from rmsweb_jax.agents.chat_model import ChatModel
+    from rmsweb_jax.sampling.chat_model import ChatModel
     from rmsweb_jax.sampling.sampler import SamplingParams
     cfg = config.action_accuracy
     workdir = pathlib.Path(workdir)
-    data, view, split = load_split(config, workdir)
+    data, view, split, split_file = saved_split(config, workdir)
     if not len(split.held_out):
-        raise ValueError(f"config.data.held_out_fraction = {data.held_out_fraction}: no held-out steps to evaluate "
-                         f"in {data.store_dir} (set it > 0 for both the sft and action_accuracy stages)")
+        raise UserError(f"{split_file} holds out no task groups of {data.store_dir} (config.data.held_out_fraction "
+                        f"is {data.held_out_fraction}): set it > 0 and rerun the sft stage")
     indices = split.held_out[:cfg.max_examples] if cfg.max_examples > 0 else split.held_out
     examples = [view[int(i)] for i in indices]
     spec = cfg.checkpoint or f"hf:{workdir / 'sft' / 'hf'}"
     if spec.startswith("hf:") and not (pathlib.Path(spec[3:]).expanduser() / "config.json").is_file():
-        raise FileNotFoundError(f"config.action_accuracy.checkpoint {spec!r}: no HF checkpoint there (run the sft "
-                                "stage with config.train.export_hf=True first, or point it at hf:/path)")
+        raise UserError(f"config.action_accuracy.checkpoint {spec!r}: no HF checkpoint there (run the sft "
+                        "stage with config.train.export_hf=True first, or point it at hf:/path)")
     chat_model = ChatModel.load(spec, workdir, config=config, max_batch=cfg.batch_size)
-    builder = PromptBuilder(prompt_config(config))
+    builder = PromptBuilder(prompt_config_from(config))
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=0.0)
     records, start = [], time.time()
+    bar = tqdm(total=len(examples), desc="action_accuracy", unit="step", dynamic_ncols=True)
     try:
         for lo in range(0, len(examples), cfg.batch_size):
             chunk = examples[lo:lo + cfg.batch_size]
@@ -81,10 +86,14 @@ def run(config, workdir: pathlib.Path) -> dict:
                                 "predicted": None if output.action is None else output.action.name,
                                 "correct": correct, "error": why, "finish_reason": completion.finish_reason,
                                 "text": completion.text[:500]})
+            bar.update(len(chunk))
+            bar.set_postfix({"accuracy": f"{sum(r['correct'] for r in records) / len(records):.2f}"}, refresh=False)
     finally:
+        bar.close()
         chat_model.close()
     report = summarize(records)
     report.update({"checkpoint": spec, "store_dir": data.store_dir, "held_out_task_groups": len(split.held_out_keys),
+                   "split": str(split_file),
                    "reference_agreement": reference_agreement(examples), "seconds": round(time.time() - start, 2),
                    "examples": records})
     (workdir / REPORT).write_text(json.dumps(report, indent=2))

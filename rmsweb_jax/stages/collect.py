@@ -32,9 +32,11 @@ import pathlib
 
 from absl import logging
 
-from rmsweb_jax.collect.report import write_report
+from rmsweb_jax.collect.report import check_store_success_rule, write_report
 from rmsweb_jax.collect.retries import RetryCollector
 from rmsweb_jax.collect.store import StoreWriter
+from rmsweb_jax.collect.store_provenance import policy_provenance
+from rmsweb_jax.suites.success_rule import check_success_rule
 from rmsweb_jax.suites.task import Task
 from rmsweb_jax.web.worker import WorkerConfig
 
@@ -64,9 +66,8 @@ def _api_key(cfg, field: str = "api_key_env") -> str | None:
 
 
 def _prompt_builder(config):
-    from rmsweb_jax.agents.prompt import PromptBuilder, PromptConfig
-    section = config.get("prompt")
-    return PromptBuilder(PromptConfig.from_config(section) if section is not None else PromptConfig())
+    from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
+    return PromptBuilder(prompt_config_from(config))
 
 
 def make_policy(config, workdir: pathlib.Path, task_ids: list[str]):
@@ -84,7 +85,7 @@ def make_policy(config, workdir: pathlib.Path, task_ids: list[str]):
         return ScriptedTeacher(mistakes, tasks=task_ids)
     kind, _, rest = spec.partition(":")
     if kind == "flax" and rest:
-        from rmsweb_jax.agents.chat_model import ChatModel
+        from rmsweb_jax.sampling.chat_model import ChatModel
         from rmsweb_jax.agents.flax_policy import FlaxPolicy
         from rmsweb_jax.sampling.sampler import SamplingParams
         chat_model = ChatModel.load(rest, workdir, config=config, max_batch=cfg.workers)
@@ -137,17 +138,18 @@ def judge_spec(cfg) -> tuple[str, str | None]:
 
 
 def make_judge(cfg):
-    """Returns the judge of collect.judge (see judge_spec) over its endpoint, with
-    collect.judge_api_key_env's key and collect.judge_screenshots as its screenshot budget."""
+    """Returns the judge of collect.judge (see judge_spec): the programmatic one under
+    collect.success, or an LLM judge over its endpoint, with collect.judge_api_key_env's key and
+    collect.judge_screenshots as its screenshot budget."""
     from rmsweb_jax.judges import chat_from_client
     from rmsweb_jax.judges import make_judge as build
     name, endpoint = judge_spec(cfg)
-    if endpoint is None:
-        return build(name)
+    if endpoint is None:  # the programmatic judge: the reward under collect.success decides
+        return build(name, success=check_success_rule(cfg.success, "collect.success"))
     from rmsweb_jax.agents.chat_client import ChatClient
     base_url, model = _endpoint(endpoint, "collect.judge")
     options = {}
-    shots = cfg.get("judge_screenshots", 0)
+    shots = cfg.judge_screenshots
     if shots:  # WebJudge keeps up to this many relevant screenshots; the others attach the last this many
         options["max_images" if name == "webjudge" else "max_screenshots"] = int(shots)
     api_key = _api_key(cfg, "judge_api_key_env")
@@ -156,7 +158,7 @@ def make_judge(cfg):
 
 
 def _limit(cfg) -> int:
-    limit = cfg.get("limit", 0)
+    limit = cfg.limit
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ValueError(f"collect.limit must be an int >= 0 (0 = every selected task), got {limit!r}")
     return limit
@@ -178,17 +180,24 @@ def select_tasks(tasks: list[Task], cfg, source: str) -> list[Task]:
 
 
 def live_tasks(cfg) -> list[Task]:
-    """Returns the live suite's tasks: collect.task_list read by the suite's loader (WebVoyager
+    """Returns the live suite's tasks: collect.task_list (empty: the suite's downloaded file in the
+    default data dir, see rmsweb_jax/suites/download.py) read by the suite's loader (WebVoyager
     joined with collect.reference_answers when set), selected by collect.tasks / collect.limit."""
     from rmsweb_jax.suites import load_online_mind2web, load_webtailbench, load_webvoyager
+    from rmsweb_jax.suites.download import default_task_file, download_command
     if not cfg.task_list:
-        raise ValueError(f"collect.task_list is empty: the {cfg.suite} suite needs its benchmark task file (see "
-                         "the benchmark's repository, e.g. WebVoyager_data.jsonl, Online_Mind2Web .json, WebTailBench "
-                         ".jsonl); rmsweb_jax ships none")
-    path = pathlib.Path(cfg.task_list)
+        path = default_task_file(cfg.suite)
+        if not path.is_file():
+            raise ValueError(f"collect.task_list is empty and the {cfg.suite} task file is not in the default data "
+                             f"dir ({path}; $RMSWEB_DATA sets the dir): download it with "
+                             f"`{download_command(cfg.suite)}`, or name a task file with --config.collect.task_list")
+        print(f"[collect] collect.task_list is empty: reading {path}")
+    else:
+        path = pathlib.Path(cfg.task_list)
     if not path.is_file():
-        raise ValueError(f"collect.task_list {str(path)!r}: no such file (the {cfg.suite} task file)")
-    references = cfg.get("reference_answers", "")
+        raise ValueError(f"collect.task_list {str(path)!r}: no such file (the {cfg.suite} task file; "
+                         f"`{download_command(cfg.suite)}` downloads the official ones)")
+    references = cfg.reference_answers
     if references and cfg.suite != "webvoyager":
         raise ValueError(f"collect.reference_answers is WebVoyager's reference_answer.json; the {cfg.suite} suite "
                          "has none")
@@ -240,10 +249,10 @@ def make_suite(cfg):
         from rmsweb_jax.suites.miniwob import MiniWoBSuite
         return MiniWoBSuite(episode_time_limit_s=cfg.episode_time_limit_s or None)
     from rmsweb_jax.suites.live import LiveSuite
-    viewport = tuple(int(v) for v in cfg.get("viewport", (1280, 720)))
+    viewport = tuple(int(v) for v in cfg.viewport)
     if len(viewport) != 2 or min(viewport) < 64:
         raise ValueError(f"collect.viewport must be (width, height) of at least 64 px each, got {cfg.viewport!r}")
-    hosts = tuple(h.strip() for h in cfg.get("extra_hosts", "").split(",") if h.strip())
+    hosts = tuple(h.strip() for h in cfg.extra_hosts.split(",") if h.strip())
     return contextlib.nullcontext(LiveSuite(viewport=viewport, extra_hosts=hosts))
 
 
@@ -266,6 +275,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     workdir = pathlib.Path(workdir)
     store_dir = pathlib.Path(cfg.store_dir) if cfg.store_dir else workdir / "store"
     judge_name, _ = judge_spec(cfg)  # a wrong judge fails before any task file is read or model loaded
+    check_success_rule(cfg.success, "collect.success")  # the report names it for every judge
     if cfg.policy == "teacher" and cfg.suite != "miniwob":
         make_policy(config, workdir, [])  # raises: the teacher only knows MiniWoB++
     tasks = miniwob_tasks(cfg) if cfg.suite == "miniwob" else live_tasks(cfg)
@@ -279,9 +289,13 @@ def run(config, workdir: pathlib.Path) -> dict:
         print(f"[collect] live sites cannot be seeded: each of the {len(seeds)} seeds is one more independent run")
     print(f"[collect] {len(tasks)} tasks x {len(seeds)} seeds, K={cfg.attempts} attempts, {cfg.workers} workers, "
           f"judge {judge.name}, store {store_dir}")
-    writer = dict(flush_every_tasks=cfg.flush_every_tasks, flush_every_s=cfg.flush_every_s)
+    # The store records the policy's name (a checkpoint's own for flax:) and refuses another's.
+    writer = dict(flush_every_tasks=cfg.flush_every_tasks, flush_every_s=cfg.flush_every_s, policy=policy.name,
+                  provenance=policy_provenance(policy))
     try:
         with make_suite(cfg) as suite, StoreWriter(store_dir, **writer) as store:
+            # Before any browser starts: a store of the other rule would mix two meanings of success.
+            check_store_success_rule(store.trajectories(), cfg.success, store_dir)
             if store.removed_orphans:
                 logging.info("collect: removed leftovers of an interrupted flush: %s", store.removed_orphans)
             collector = RetryCollector(
@@ -291,14 +305,20 @@ def run(config, workdir: pathlib.Path) -> dict:
             summary = collector.run(tasks, seeds)
     finally:
         policy.close()
-    report = write_report(store_dir, workdir, attempts=cfg.attempts, name=REPORT_NAME, extra=summary.to_dict())
+    report = write_report(store_dir, workdir, attempts=cfg.attempts, success_rule=cfg.success, name=REPORT_NAME,
+                          extra=summary.to_dict())
     k = report["attempts_k"]
     print(f"[collect] this run: {summary.collected} task groups collected, {summary.skipped} already in the store, "
           f"{summary.steps} steps in {summary.wall_s:.1f} s (mean policy batch {summary.bridge['mean_batch']})")
-    print(f"[collect] store: {report['tasks']} task groups, {report['trajectories']} attempts; success@1 "
+    print(f"[collect] store: {report['tasks']} task groups, {report['trajectories']} attempts; success "
+          f"({report['success_rule']}: {report['success_rule_meaning']}) @1 "
           f"{100 * report['success_at_1']:.1f}% -> success@<={k} {100 * report['success_at_le_K']:.1f}% "
           f"({100 * report['yield_gain']:+.1f} points); judge {report['judge']['endpoint_calls']} calls, "
-          f"{report['judge']['errors']} errors (groups ended unjudged)")
+          f"{report['judge']['errors']} errors (groups ended unjudged); mean raw reward "
+          f"{report['raw_reward']['mean']}, "
+          f"{report['raw_reward']['partial']} partial; browser faults {report['browser_faults']['faults']} "
+          f"({report['browser_faults']['attempts_rerun']} attempts rerun, {report['browser_faults']['attempts_lost']} "
+          "lost)")
     print(f"[collect] mean steps: solved on attempt 1 {report['mean_steps_solved_first_attempt']}, solved on a retry "
           f"{report['mean_steps_solved_retried']} (their failed attempt 1: "
           f"{report['mean_steps_failed_first_attempt_of_retried']}); report {workdir / (REPORT_NAME + '.md')}")

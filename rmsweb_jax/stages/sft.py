@@ -16,18 +16,58 @@ import json
 import pathlib
 
 import jax
+import numpy as np
 
-from rmsweb_jax.agents.prompt import PromptConfig
+from rmsweb_jax.agents.prompt import prompt_config_from
 from rmsweb_jax.collect.sft_view import SFTView
+from rmsweb_jax.collect.store import StoreError
 from rmsweb_jax.data.sft import SFTBatches, SFTDataConfig, Split, split_by_task
+from rmsweb_jax.errors import UserError
 
 NAME = "sft"
+SPLIT_FILE = "split.json"
 
 
-def prompt_config(config) -> PromptConfig:
-    """Returns the prompt settings every stage shares (config.prompt; defaults when absent)."""
-    section = config.get("prompt")
-    return PromptConfig.from_config(section) if section is not None else PromptConfig()
+def split_path(workdir: pathlib.Path) -> pathlib.Path:
+    """Returns where the sft stage writes its train / held-out split: <workdir>/sft/split.json."""
+    return pathlib.Path(workdir) / NAME / SPLIT_FILE
+
+
+def split_record(data: SFTDataConfig, view: SFTView, split: Split) -> dict:
+    """Returns split.json's content: the store, the split settings and both sides' task groups."""
+    held = set(split.held_out_keys)
+    return {"store_dir": str(data.store_dir), "held_out_fraction": data.held_out_fraction,
+            "split_seed": data.split_seed, "train_examples": len(split.train), "held_out_examples": len(split.held_out),
+            "held_out_task_groups": [list(k) for k in split.held_out_keys],
+            "train_task_groups": [list(k) for k in sorted(view.task_keys) if k not in held]}
+
+
+def saved_split(config, workdir: pathlib.Path) -> tuple[SFTDataConfig, SFTView, Split, pathlib.Path]:
+    """Returns (data settings, the store's SFT view, the split the sft stage wrote, its path), the
+    split read from <workdir>/sft/split.json, never recomputed: task groups added to the store
+    since are on neither side. Raises UserError for a missing split or another store, StoreError
+    for held-out groups the store no longer holds."""
+    path = split_path(workdir)
+    if not path.is_file():
+        raise UserError(f"{path}: no split; the sft stage writes it (the held-out task groups are the ones sft "
+                        "left out of training): run the sft stage with this workdir first")
+    saved = json.loads(path.read_text())
+    data = SFTDataConfig.from_config(config.get("data"), workdir)
+    if str(data.store_dir) != saved["store_dir"]:
+        raise UserError(f"config.data.store_dir resolves to {data.store_dir}, but {path} split the store at "
+                        f"{saved['store_dir']}: evaluate on the store sft trained from")
+    view = SFTView(data.store_dir)
+    held = [tuple(k) for k in saved["held_out_task_groups"]]
+    train = [tuple(k) for k in saved["train_task_groups"]]
+    position = {k: i for i, k in enumerate(view.task_keys)}
+    missing = [k for k in held if k not in position]
+    if missing:
+        raise StoreError(f"{path} holds out task groups {missing[:3]} that the store at {data.store_dir} no longer "
+                         "has successful steps of: the store changed under the split; rerun sft")
+    groups = view.group_index()
+    held_idx = np.flatnonzero(np.isin(groups, [position[k] for k in held]))
+    train_idx = np.flatnonzero(np.isin(groups, [position[k] for k in train if k in position]))
+    return data, view, Split(train_idx, held_idx, tuple(held)), path
 
 
 def load_split(config, workdir: pathlib.Path) -> tuple[SFTDataConfig, SFTView, Split]:
@@ -38,10 +78,19 @@ def load_split(config, workdir: pathlib.Path) -> tuple[SFTDataConfig, SFTView, S
     return data, view, split_by_task(view, data.held_out_fraction, data.split_seed)
 
 
+def same_split_settings(path: pathlib.Path, data: SFTDataConfig) -> bool:
+    """Returns whether `path` holds a split of the same store, fraction and seed as `data`."""
+    if not path.is_file():
+        return False
+    saved = json.loads(path.read_text())
+    return (saved.get("store_dir"), saved.get("held_out_fraction"), saved.get("split_seed")) == (
+        str(data.store_dir), data.held_out_fraction, data.split_seed)
+
+
 def check_tokenizer(tokenizer_dir: str | pathlib.Path, model_config) -> tuple[object, object]:
     """Returns (tokenizer, image config) of the checkpoint folder, checked against the model's config."""
-    from rmsweb_jax.agents.chat_model import image_config_from_checkpoint
-    from rmsweb_jax.processing.prompts import IMAGE_TOKEN, load_tokenizer
+    from rmsweb_jax.sampling.chat_model import image_config_from_checkpoint
+    from rmsweb_jax.processing.prompt_tokens import IMAGE_TOKEN, load_tokenizer
     tokenizer = load_tokenizer(tokenizer_dir)
     image_token = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     if image_token != model_config.image_token_id:
@@ -63,21 +112,24 @@ def run(config, workdir: pathlib.Path) -> dict:
     workdir = pathlib.Path(workdir)
     # The store first: a missing or empty one fails in a second, before any model is loaded.
     data, view, split = load_split(config, workdir)
+    if same_split_settings(split_path(workdir), data):
+        # A rerun resumes the run that wrote this split: groups the store gained since stay out of it
+        # (a recomputed split could hold out groups the checkpoint already trained on).
+        data, view, split, _ = saved_split(config, workdir)
     trainer = Trainer(config, workdir, name=NAME)
     tokenizer, image_config = check_tokenizer(trainer.init_dir, trainer.model_config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     writer = jax.process_index() == 0
     if writer:
         trainer.run_dir.mkdir(parents=True, exist_ok=True)
-        (trainer.run_dir / "split.json").write_text(json.dumps({
-            "store_dir": data.store_dir, "train_examples": len(split.train), "held_out_examples": len(split.held_out),
-            "held_out_task_groups": [list(k) for k in split.held_out_keys]}, indent=2))
+        # action_accuracy evaluates exactly these held-out groups, whatever the store holds by then.
+        (trainer.run_dir / SPLIT_FILE).write_text(json.dumps(split_record(data, view, split), indent=2))
     trainer.writer.message(  # above the trainer's progress bar
         f"[sft] {view!r}: {len(split.train)} training steps, {len(split.held_out)} held out "
         f"({len(split.held_out_keys)} task groups); {data.batching} batches of {trainer.settings.batch_size} rows, "
         f"loss mask {data.mask}, {data.worker_count} Grain workers")
     with SFTBatches(view, split.train, data, tokenizer_dir=trainer.init_dir, image_config=image_config,
-                    rows=trainer.local_rows, prompt_config=prompt_config(config), pad_id=pad_id,
+                    rows=trainer.local_rows, prompt_config=prompt_config_from(config), pad_id=pad_id,
                     process_index=jax.process_index(), process_count=jax.process_count()) as batches:
         result = trainer.fit(batches)
     losses = _losses(result.run_dir / "metrics.jsonl")

@@ -13,7 +13,7 @@ import pathlib
 import jax
 
 from rmsweb_jax.train.loop import Trainer
-from rmsweb_jax.train.synthetic import SyntheticBatches, random_examples
+from rmsweb_jax.train.synthetic_batches import SyntheticBatches, random_examples
 
 
 def run(config, workdir: pathlib.Path) -> dict:

@@ -2,7 +2,7 @@
 from rmsweb_jax.suites.live import LiveSuite
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks, miniwob_html_dir
 from rmsweb_jax.suites.online_mind2web import load_online_mind2web
-from rmsweb_jax.suites.records import TaskFileError
+from rmsweb_jax.suites.task_files import TaskFileError
 from rmsweb_jax.suites.task import RubricItem, Task
 from rmsweb_jax.suites.webtailbench import load_webtailbench
 from rmsweb_jax.suites.webvoyager import load_gaia_web, load_reference_answers, load_webvoyager

@@ -1,5 +1,6 @@
-"""MiniWoB++: the task list (shared/benchmarks/miniwob_tasks.csv), and the suite that serves the
-installed `miniwob` package's html/ folder on 127.0.0.1 and runs seeded episodes in a worker."""
+"""MiniWoB++: the task list (our table miniwob_tasks.csv beside this module, checked against the
+installed `miniwob` package's pages), and the suite that serves that package's html/ folder on
+127.0.0.1 and runs seeded episodes in a worker."""
 from __future__ import annotations
 
 import csv
@@ -7,12 +8,16 @@ import pathlib
 from typing import Any
 
 from rmsweb_jax.suites.http_server import LocalHTTPServer
-from rmsweb_jax.suites.records import TaskFileError
+from rmsweb_jax.suites.success_rule import is_solved
+from rmsweb_jax.suites.task_files import TaskFileError
 from rmsweb_jax.suites.task import Task
 from rmsweb_jax.web.actions import Action
 from rmsweb_jax.web.safety import RequestPolicy
 from rmsweb_jax.web.suite import EpisodeStatus
 
+# Our table of the 125 tasks BrowserGym runs (its experiments metadata): category, WebGUM subset,
+# similarity group, train/test split. Facts about the tasks, shipped as package data.
+TASK_TABLE = pathlib.Path(__file__).with_name("miniwob_tasks.csv")
 CSV_COLUMNS = ("task_name", "miniwob_category", "comment", "webgum_subset", "similarity_group", "browsergym_split")
 # setTimeout's longest delay; larger values fire at once.
 NO_TIME_LIMIT_MS = 2**31 - 1
@@ -51,12 +56,14 @@ def miniwob_html_dir() -> pathlib.Path:
     return path
 
 
-def load_miniwob_tasks(csv_path: str | pathlib.Path, html_dir: str | pathlib.Path | None = None) -> list[Task]:
-    """Returns the MiniWoB++ tasks listed in `csv_path` (task_name, miniwob_category, comment,
-    webgum_subset, similarity_group, browsergym_split), each checked to have its page under
-    `html_dir`/miniwob/. Raises TaskFileError naming file and line."""
+def load_miniwob_tasks(csv_path: str | pathlib.Path | None = None,
+                       html_dir: str | pathlib.Path | None = None) -> list[Task]:
+    """Returns the MiniWoB++ tasks listed in `csv_path` (default: the packaged TASK_TABLE; columns
+    task_name, miniwob_category, comment, webgum_subset, similarity_group, browsergym_split), each
+    checked to have its page under `html_dir`/miniwob/ (default: the installed package's).
+    Raises TaskFileError naming file and line."""
     html_dir = pathlib.Path(html_dir) if html_dir is not None else miniwob_html_dir()
-    csv_path = pathlib.Path(csv_path)
+    csv_path = pathlib.Path(csv_path) if csv_path is not None else TASK_TABLE
     tasks = []
     with csv_path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
@@ -153,9 +160,11 @@ class MiniWoBSuite:
         return str(utterance)
 
     def status(self, task: Task, value: Any, answer: Action | None) -> EpisodeStatus:
-        """Returns the page's verdict: done with the raw reward in [-1, 1] (success when > 0).
-        Leaving the task's page (another task's page would report its own reward) or answering
-        before the page is done ends the episode with -1."""
+        """Returns the page's verdict: done with the raw reward in [-1, 1]; success only when
+        solved (reward >= 1 - 1e-6): a partial reward (click-checkboxes with a wrong box) is not.
+        The collection's own rule (collect.success) is the judge's to apply. Leaving the task's
+        page (another task's page would report its own reward) or answering before the page is
+        done ends the episode with -1."""
         if not (isinstance(value, list) and len(value) == 4):
             return EpisodeStatus(done=True, reward=-1.0, success=False, reason="left the task page")
         done, reward, reason, path = value
@@ -163,8 +172,10 @@ class MiniWoBSuite:
             return EpisodeStatus(done=True, reward=-1.0, success=False, reason=f"left the task page for {path}")
         if done is True:
             reward = float(reward)
-            return EpisodeStatus(done=True, reward=reward, success=reward > 0,
-                                 reason=reason if isinstance(reason, str) else ("success" if reward > 0 else "failure"))
+            solved = is_solved(reward)
+            if not isinstance(reason, str):
+                reason = "solved" if solved else "partial reward" if reward > 0 else "failure"
+            return EpisodeStatus(done=True, reward=reward, success=solved, reason=reason)
         if answer is not None:
             return EpisodeStatus(done=True, reward=-1.0, success=False, reason="answered before the task was done")
         return EpisodeStatus(done=False)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pathlib
 
-from rmsweb_jax.suites.records import TaskFileError, field, load_records, site_hosts
+from rmsweb_jax.suites.task_files import TaskFileError, field, load_records, site_hosts
 from rmsweb_jax.suites.task import Task
 
 LEVELS = ("easy", "medium", "hard")

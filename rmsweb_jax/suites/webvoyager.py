@@ -6,7 +6,7 @@ import json
 import pathlib
 import re
 
-from rmsweb_jax.suites.records import TaskFileError, field, load_records, site_hosts
+from rmsweb_jax.suites.task_files import TaskFileError, field, load_records, site_hosts
 from rmsweb_jax.suites.task import Task
 
 _ID = re.compile(r"^(?P<site>.+)--(?P<number>\d+)$")

@@ -2,6 +2,7 @@
 
 Modules, one job each:
   batch       the batch contract (below) and its host-side preparation and device placement
+  image_batch which images belong to which row; a microbatch's padded vision inputs
   global_images  several processes: every process gathers all images and builds the global vision inputs
   loss        token-weighted losses as (sum, denominator); the SFT cross-entropy
   optimizer   AdamW + linear warmup + cosine decay + global-norm clipping from config.train.optimizer
@@ -38,4 +39,4 @@ from rmsweb_jax.train.loss import LossParts, make_sft_loss, token_cross_entropy
 from rmsweb_jax.train.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer
 from rmsweb_jax.train.settings import TrainSettings
 from rmsweb_jax.train.step import ModelParts, TrainState, TrainStep
-from rmsweb_jax.train.synthetic import SyntheticBatches, random_examples
+from rmsweb_jax.train.synthetic_batches import SyntheticBatches, random_examples

@@ -42,6 +42,8 @@ from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl import rope
 from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig
 from rmsweb_jax.models.qwen3_vl.model import ModelInputs, VisionInputs
+from rmsweb_jax.train import global_images
+from rmsweb_jax.train.image_batch import RowImages, microbatch_vision, patch_budget, row_images, stack
 
 CONTRACT_KEYS = ("input_ids", "segment_ids", "attention_mask", "loss_mask", "pixel_values", "image_grid_thw")
 
@@ -159,7 +161,7 @@ def prepare_batch(batch: Mapping[str, Any], config: Qwen3VLConfig, microbatches:
     n_rows, length = ids.shape
     if n_rows % microbatches:
         raise ValueError(f"a batch of {n_rows} rows does not split into {microbatches} microbatches")
-    images = _row_images(b, config, ids, seg)
+    images = row_images(b, config, ids, seg)
     order = [np.arange(m, n_rows, microbatches) for m in range(microbatches)]
     targets = np.zeros_like(ids)
     targets[:, :-1] = ids[:, 1:]
@@ -170,19 +172,18 @@ def prepare_batch(batch: Mapping[str, Any], config: Qwen3VLConfig, microbatches:
     if jax.process_count() > 1:
         vision = _global_vision(b, config, images, microbatches, mesh, rules)
     elif images is not None:
-        vision = _stack([_vision(config, images, rows_m, _patch_budget(images, order, b["pixel_values"].shape[0],
-                                                                       config)) for rows_m in order])
+        budget = patch_budget(images, order, b["pixel_values"].shape[0], config)
+        vision = stack([microbatch_vision(config, images, rows_m, budget) for rows_m in order])
     inputs = ModelInputs(
-        input_ids=_stack([ids[r] for r in order]), segment_ids=_stack([seg[r] for r in order]),
-        position_ids=_stack([position_ids[:, r] for r in order]), vision=vision,
-        rope_deltas=_stack([deltas[r] for r in order]))
-    extras = {k: _stack([v[r] for r in order]) for k, v in b.items() if k not in CONTRACT_KEYS}
-    return TrainBatch(inputs, _stack([targets[r] for r in order]), _stack([weights[r] for r in order]), extras)
+        input_ids=stack([ids[r] for r in order]), segment_ids=stack([seg[r] for r in order]),
+        position_ids=stack([position_ids[:, r] for r in order]), vision=vision,
+        rope_deltas=stack([deltas[r] for r in order]))
+    extras = {k: stack([v[r] for r in order]) for k, v in b.items() if k not in CONTRACT_KEYS}
+    return TrainBatch(inputs, stack([targets[r] for r in order]), stack([weights[r] for r in order]), extras)
 
 
 def _global_vision(b, config: Qwen3VLConfig, images, microbatches: int, mesh, rules) -> VisionInputs | None:
     """Returns the VisionInputs of every process's images (global_images.py), the same on every process."""
-    from rmsweb_jax.train import global_images  # builds on this module's helpers: imported when needed
     if mesh is None:
         raise ValueError(f"{jax.process_count()} processes need a mesh over their devices to place a batch "
                          "(config.mesh.shape has 1 device)")
@@ -190,60 +191,10 @@ def _global_vision(b, config: Qwen3VLConfig, images, microbatches: int, mesh, ru
     shape = (microbatches, n_rows // microbatches * jax.process_count(), length)
     given = b["pixel_values"].shape[0] if "pixel_values" in b else 0
     return global_images.gathered_vision(config, images, n_rows, given, microbatches,
-                                         _row_sharding(mesh, rules, shape, 1), shape)
+                                         row_sharding(mesh, rules, shape, 1), shape)
 
 
-def _stack(parts):
-    if isinstance(parts[0], VisionInputs):
-        return VisionInputs(*(np.stack(f) for f in zip(*parts)))
-    return np.stack(parts)
-
-
-class _Images(NamedTuple):
-    grids: np.ndarray          # [N, 3]
-    starts: np.ndarray         # [N] first patch row of each image in pixel_values
-    pixels: np.ndarray         # [P, D]
-    of_row: list[list[int]]    # image indices of each row, in order
-
-
-def _row_images(b, config: Qwen3VLConfig, ids, seg) -> _Images | None:
-    """Returns which images belong to which row (by counting image tokens), or None without images."""
-    if "pixel_values" not in b:
-        if ((ids == config.image_token_id) & (seg > 0)).any():
-            raise ValueError(f"batch['input_ids'] holds image tokens (id {config.image_token_id}) but the batch has "
-                             "no pixel_values / image_grid_thw")
-        return None
-    grids = b["image_grid_thw"].astype(np.int64).reshape(-1, 3)
-    if not len(grids):
-        return _row_images({}, config, ids, seg)  # no images at all: text only (checks for stray image tokens)
-    pixels = b["pixel_values"].astype(np.float32)
-    merge = config.vision.spatial_merge_size
-    patches = np.prod(grids, axis=1) if len(grids) else np.zeros((0,), np.int64)
-    if pixels.ndim != 2 or pixels.shape[1] != config.vision.patch_dim or pixels.shape[0] < patches.sum():
-        raise ValueError(f"batch['pixel_values'] has shape {pixels.shape}; image_grid_thw {grids.tolist()} needs at "
-                         f"least ({int(patches.sum())}, {config.vision.patch_dim})")
-    if np.any(grids[:, 1:] % merge):
-        raise ValueError(f"batch['image_grid_thw'] {grids.tolist()}: h and w must be multiples of {merge}")
-    tokens = patches // merge ** 2
-    per_row = ((ids == config.image_token_id) & (seg > 0)).sum(axis=1)
-    of_row, nxt = [], 0
-    for r, need in enumerate(per_row.tolist()):
-        mine, got = [], 0
-        while got < need and nxt < len(grids):
-            mine.append(nxt)
-            got += int(tokens[nxt])
-            nxt += 1
-        if got != need:
-            raise ValueError(f"batch row {r} holds {need} image tokens but image_grid_thw {grids.tolist()} gives "
-                             f"its images {got}: images must follow the rows' image tokens in order")
-        of_row.append(mine)
-    if nxt != len(grids):
-        raise ValueError(f"batch['image_grid_thw'] has {len(grids)} images but the rows' image tokens use {nxt}")
-    starts = np.concatenate([[0], np.cumsum(patches)[:-1]]).astype(np.int64) if len(grids) else patches
-    return _Images(grids, starts, pixels, of_row)
-
-
-def _position_ids(config: Qwen3VLConfig, ids, seg, images: _Images | None):
+def _position_ids(config: Qwen3VLConfig, ids, seg, images: RowImages | None):
     """Returns (position_ids [3, B, L], rope_deltas [B]): MRoPE tables restarting at each packed sequence."""
     n_rows, length = ids.shape
     positions = np.zeros((3, n_rows, length), np.int32)
@@ -274,39 +225,6 @@ def _segments(seg_row: np.ndarray) -> list[int]:
     return [int(v) for v, _ in sorted(zip(values, first), key=lambda p: p[1]) if v != 0]
 
 
-def _patch_budget(images: _Images, order, given: int, config: Qwen3VLConfig) -> int:
-    """Returns the patch rows each microbatch is padded to: P itself with one microbatch; else the first of
-    ceil(P / M), 2 ceil(P / M), 4 ceil(P / M), ... (capped at P) that fits every microbatch, so a run sees
-    a few fixed shapes rather than one per batch."""
-    quantum = config.vision.spatial_merge_size ** 2
-    given = _round_up(given, quantum)
-    if len(order) == 1:
-        return given
-    patches = np.prod(images.grids, axis=1)
-    need = max(int(sum(patches[i] for r in rows for i in images.of_row[r])) for rows in order)
-    budget = _round_up(-(-given // len(order)), quantum)
-    while budget < need:
-        budget *= 2
-    return min(budget, given)
-
-
-def _round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
-
-
-def _vision(config: Qwen3VLConfig, images: _Images, rows, budget: int) -> VisionInputs:
-    """Returns the microbatch's VisionInputs: its rows' images in order, padded with inert patches."""
-    merge = config.vision.spatial_merge_size
-    picked = [i for r in rows for i in images.of_row[r]]
-    grids = images.grids[picked] if picked else np.zeros((0, 3), np.int64)
-    pixels = [images.pixels[images.starts[i]:images.starts[i] + int(np.prod(images.grids[i]))] for i in picked]
-    pv = np.concatenate(pixels) if pixels else np.zeros((0, config.vision.patch_dim), np.float32)
-    idx, w = rope.vision_pos_interpolation(grids, config.vision.num_grid_per_side, merge)
-    vision = VisionInputs(pv, rope.vision_rotary_positions(grids, merge), idx, w, rope.vision_segment_ids(grids))
-    n = pv.shape[0]
-    return VisionInputs(*(np.concatenate([a, np.zeros((budget - n,) + a.shape[1:], a.dtype)]) for a in vision))
-
-
 # ---- device placement ------------------------------------------------------------------------------------
 def batch_shardings(batch: TrainBatch, mesh, rules=sharding.DEFAULT_RULES) -> TrainBatch | None:
     """Returns a TrainBatch of NamedShardings: rows over the mesh's batch axes, vision inputs replicated.
@@ -321,7 +239,7 @@ def batch_shardings(batch: TrainBatch, mesh, rules=sharding.DEFAULT_RULES) -> Tr
         shape = list(x.shape)
         if not isinstance(x, jax.Array):  # host rows of this process: the global array has them all
             shape[row_axis] *= jax.process_count()
-        return _row_sharding(mesh, rules, shape, row_axis)
+        return row_sharding(mesh, rules, shape, row_axis)
 
     replicated = NamedSharding(mesh, PartitionSpec())
     inp = batch.inputs
@@ -333,7 +251,7 @@ def batch_shardings(batch: TrainBatch, mesh, rules=sharding.DEFAULT_RULES) -> Tr
         extras={k: rows(v) for k, v in batch.extras.items()})
 
 
-def _row_sharding(mesh, rules, global_shape, row_axis: int) -> NamedSharding:
+def row_sharding(mesh, rules, global_shape, row_axis: int) -> NamedSharding:
     """Returns the sharding of an array of `global_shape` whose `row_axis` holds the batch rows."""
     axes = [None] * len(global_shape)
     axes[row_axis] = "batch"

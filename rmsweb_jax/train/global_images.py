@@ -11,7 +11,7 @@ global arrays, read from the rows' sharding (`row_owners`) rather than assumed.
 
 Shapes stay static: the gather pads every process's patches to the largest patch bucket (pixel_values
 rows) of any process, and the global patch budget starts from that bucket x process count (then
-batch.py's `_patch_budget` rule per microbatch), so a run with fixed buckets compiles the gather and
+image_batch.patch_budget's rule per microbatch), so a run with fixed buckets compiles the gather and
 the step once. Which processes have images may change from step to step: the small metadata gather
 runs every step, so all processes agree on whether the step has vision inputs at all (one program).
 
@@ -27,7 +27,7 @@ from jax.experimental import multihost_utils
 
 from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig
 from rmsweb_jax.models.qwen3_vl.model import VisionInputs
-from rmsweb_jax.train import batch as batch_lib
+from rmsweb_jax.train import image_batch
 
 
 class ProcessImages(NamedTuple):
@@ -39,7 +39,7 @@ class ProcessImages(NamedTuple):
 
 
 def local_part(images, n_rows: int, given: int, patch_dim: int) -> ProcessImages:
-    """Returns this process's part from batch._row_images' result (None: no images)."""
+    """Returns this process's part from image_batch.row_images' result (None: no images)."""
     if images is None:
         return ProcessImages(np.zeros((0, 3), np.int64), np.zeros((0, patch_dim), np.float32),
                              np.zeros((n_rows,), np.int64), int(given))
@@ -66,7 +66,7 @@ def gather_parts(part: ProcessImages, quantum: int) -> list[ProcessImages]:
         return [ProcessImages(part.grids[:0], part.pixels[:0], m[4:].astype(np.int64), int(m[1])) for m in metas]
     # Padded to the largest bucket (static for a run with fixed buckets: one compiled gather), not to
     # this step's largest image count, which would compile a gather per new count.
-    bucket = batch_lib._round_up(int(metas[:, 1].max()), quantum)
+    bucket = image_batch.round_up(int(metas[:, 1].max()), quantum)
     slots = max(bucket // quantum, int(metas[:, 2].max()))
     pixels = np.zeros((bucket, part.pixels.shape[1]), np.float32)
     pixels[:len(part.pixels)] = part.pixels
@@ -132,17 +132,17 @@ def global_vision(config: Qwen3VLConfig, parts: Sequence[ProcessImages], owners:
         for count in part.per_row.tolist():
             of_row.append(list(range(n, n + count)))
             n += count
-    images = batch_lib._Images(grids, starts, pixels, of_row)
+    images = image_batch.RowImages(grids, starts, pixels, of_row)
     order = [[int(p) * rows + m + int(k) * microbatches for p, k in owners] for m in range(microbatches)]
     quantum = config.vision.spatial_merge_size ** 2
-    given = batch_lib._round_up(max(p.given for p in parts), quantum) * len(parts)
-    budget = batch_lib._patch_budget(images, order, given, config)
-    return batch_lib._stack([batch_lib._vision(config, images, o, budget) for o in order])
+    given = image_batch.round_up(max(p.given for p in parts), quantum) * len(parts)
+    budget = image_batch.patch_budget(images, order, given, config)
+    return image_batch.stack([image_batch.microbatch_vision(config, images, o, budget) for o in order])
 
 
 def gathered_vision(config: Qwen3VLConfig, images, n_rows: int, given: int, microbatches: int,
                     row_sharding: jax.sharding.Sharding, global_shape: Sequence[int]) -> VisionInputs | None:
-    """Returns the global VisionInputs [M, P, ...] from this process's images (batch._row_images' result
+    """Returns the global VisionInputs [M, P, ...] from this process's images (image_batch.row_images' result
     or None) and every other process's, gathered; a collective that every process must call each step."""
     part = local_part(images, n_rows, given, config.vision.patch_dim)
     parts = gather_parts(part, config.vision.spatial_merge_size ** 2)

@@ -24,8 +24,9 @@ import jax
 import numpy as np
 from absl import logging
 
-from rmsweb_jax.models.loading import load_model, runtime_from_config
-from rmsweb_jax.models.mesh_config import mesh_from_config, rules_from_config
+from rmsweb_jax.models.from_config import runtime_from_config
+from rmsweb_jax.sampling.model_from_config import load_model
+from rmsweb_jax.models.from_config import mesh_from_config, rules_from_config
 from rmsweb_jax.models.qwen3_vl import Qwen3VLConfig, abstract_model, to_hf
 from rmsweb_jax.train import batch as batch_lib
 from rmsweb_jax.train.checkpoint import Checkpointer

@@ -241,8 +241,11 @@ class Action:
         return action if target is None else action.with_target(SemanticTarget.from_dict(target))
 
 
-def _number(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+def _number(value: Any, key: str) -> int | float:
+    # JSON integers are unbounded: math.isfinite(10**400) raises OverflowError, so only floats
+    # go through it; callers compare ints exactly (an int beyond float range is simply too large).
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
         raise ActionError("invalid_argument", f"{key} must be a finite number, got {value!r}")
     return value
 

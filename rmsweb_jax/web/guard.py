@@ -3,10 +3,19 @@
 The guard watches a browser context, enforces its RequestPolicy, and keeps a log of what
 happened since the last observation; the worker drains it into each Observation.
 
-Requests are checked with CDP's Fetch domain on each page's own session rather than with
-Playwright's routes: routes send every request through the driver and Python and switch the
-HTTP cache off, which doubles the cost of a MiniWoB page load; Fetch pauses only what the
-policy must see (documents only, unless sub-resources are checked too) and keeps the cache.
+Requests are checked with CDP's Fetch domain rather than with Playwright's routes: routes send
+every request through the driver and Python and switch the HTTP cache off, which doubles the
+cost of a MiniWoB page load; Fetch pauses only what the policy must see (documents only, unless
+sub-resources are checked too) and keeps the cache. Fetch runs on a browser-level session, not
+on each page's: a page session exists only after Playwright reports the page, by which time a
+popup (window.open, target=_blank) has already sent its first request; the browser-level
+interceptor holds every request of every page, frame and worker from the first. WebSocket
+handshakes bypass Fetch altogether; in strict mode the context's proxy refuses them
+(RequestPolicy.context_proxy), so a worker must create each context with that proxy.
+
+Which page the agent acts on is decided once per step, in settle(): the newest page that shows
+an allowlisted document. A popup that is still blank (its navigation pending, or blocked) is
+not one; a page that shows a document off the allowlist is closed (a popup) or sent back.
 """
 from __future__ import annotations
 
@@ -42,9 +51,11 @@ class EventLog:
 class ContextGuard:
     """Enforces `policy` on a context's pages and follows them.
 
-    `active` is the page actions go to: a popup becomes active when it opens; when the active
+    `active` is the page actions go to, chosen by settle() after each action; when the active
     page closes, the most recent open page takes over. `crashed` turns True when any page's
-    renderer crashes. `session(page)` is the page's CDP session (also used for observations).
+    renderer crashes. `session(page)` is the page's CDP session (used for observations).
+    The context must be the only one of its browser while the guard is open (the interceptor
+    sees the whole browser), and must carry `policy.context_proxy()`.
     """
 
     def __init__(self, context, policy: RequestPolicy):
@@ -54,16 +65,30 @@ class ContextGuard:
         self.pages: list = []
         self.active = None
         self.crashed = False
+        self._interceptor = None
         self._sessions: dict = {}
         self._attaching: dict = {}
         self._tasks: set = set()
         context.on("page", self._on_page)
 
     async def open_page(self):
-        """Opens the context's first page, guarded, and returns it."""
+        """Starts intercepting the browser's requests, then opens the context's first page,
+        guarded, and returns it."""
+        if self._interceptor is None:
+            session = await self.context.browser.new_browser_cdp_session()
+            session.on("Fetch.requestPaused", lambda event: self._spawn(self._on_paused(session, event)))
+            await cdp_send(session, "Fetch.enable", {"patterns": self._patterns()})
+            self._interceptor = session
         page = await self.context.new_page()
         await self.session(page)
         return page
+
+    async def close(self) -> None:
+        """Stops intercepting (before the context closes, so that the next context's guard is
+        the browser's only interceptor)."""
+        session, self._interceptor = self._interceptor, None
+        if session is not None:
+            await session.detach()
 
     async def session(self, page):
         """Returns `page`'s CDP session, attaching the guard to the page first if needed."""
@@ -81,19 +106,15 @@ class ContextGuard:
     async def _attach(self, page) -> None:
         if page not in self.pages:
             self._watch(page)
-        session = await self.context.new_cdp_session(page)
-        session.on("Fetch.requestPaused", lambda event: self._spawn(self._on_paused(session, event)))
-        await cdp_send(session, "Fetch.enable", {"patterns": self._patterns()})
-        self._sessions[page] = session
+        self._sessions[page] = await self.context.new_cdp_session(page)
         self._attaching.pop(page, None)
 
     async def set_policy(self, policy: RequestPolicy) -> None:
         """Switches to another task's policy (between episodes)."""
         widen = policy.check_subresources != self.policy.check_subresources
         self.policy = policy
-        if widen:
-            for session in list(self._sessions.values()):
-                await cdp_send(session, "Fetch.enable", {"patterns": self._patterns()})
+        if widen and self._interceptor is not None:
+            await cdp_send(self._interceptor, "Fetch.enable", {"patterns": self._patterns()})
 
     def _patterns(self) -> list[dict]:
         pattern = {"urlPattern": "*", "requestStage": "Request"}
@@ -125,7 +146,8 @@ class ContextGuard:
 
     def _watch(self, page) -> None:
         self.pages.append(page)
-        self.active = page
+        if self.active is None:
+            self.active = page
         page.on("dialog", self._on_dialog)
         page.on("download", self._on_download)
         page.on("crash", self._on_crash)
@@ -160,21 +182,31 @@ class ContextGuard:
             return  # the first page, opened by open_page
         self._watch(page)
         self.log.popups.append(page.url)
-        self._spawn(self._check_popup(page))
 
-    async def _check_popup(self, page) -> None:
-        # A popup's first request can run before the guard is attached: check where it landed.
-        try:
-            await self.session(page)
-            if page.url not in _BLANK and self.policy.blocked_reason(page.url, "document") is not None:
-                self.log.blocked_urls.append(page.url)
+    async def settle(self) -> None:
+        """Chooses the page the agent sees and acts on next: the newest page showing an
+        allowlisted document (the first page when none does). A page showing a document off the
+        allowlist (none should: its request was blocked) is closed, or for the first page,
+        emptied."""
+        for page in list(self.pages):
+            if page.is_closed() or self.policy.blocked_reason(page.url, "document") is None:
+                continue
+            self.log.blocked_urls.append(page.url)
+            if page is self.pages[0]:
+                await page.goto("about:blank")
+            else:
                 await page.close()
-        except Exception:  # noqa: BLE001 — the popup closed itself
-            pass
+        self._choose_active()
+
+    def _choose_active(self) -> None:
+        open_pages = [p for p in self.pages if not p.is_closed()]
+        if open_pages:
+            shown = [p for p in open_pages if p.url not in _BLANK]
+            self.active = shown[-1] if shown else open_pages[0]
 
     def _on_close(self, page) -> None:
         if page in self.pages:
             self.pages.remove(page)
         self._sessions.pop(page, None)
-        if page is self.active and self.pages:
-            self.active = self.pages[-1]
+        if page is self.active:
+            self._choose_active()

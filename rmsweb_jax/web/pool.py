@@ -20,7 +20,7 @@ from rmsweb_jax.web.episode import COMPLETE, FAILED, Episode, EpisodeRequest, Hi
 from rmsweb_jax.web.suite import Suite
 from rmsweb_jax.web.worker import BrowserWorker, WorkerConfig, WorkerFault
 
-Policy = Callable[[History], Union[Action, Awaitable[Action]]]
+EpisodePolicy = Callable[[History], Union[Action, Awaitable[Action]]]
 
 
 class AsyncWorkerPool:
@@ -85,7 +85,7 @@ class AsyncWorkerPool:
         """Returns the pid of worker `worker`'s browser (None while it has none)."""
         return self.workers[worker].browser_pid
 
-    async def run(self, requests: Iterable[EpisodeRequest], policy: Policy) -> AsyncIterator[Episode]:
+    async def run(self, requests: Iterable[EpisodeRequest], policy: EpisodePolicy) -> AsyncIterator[Episode]:
         """Yields one Episode per request, in order of completion.
 
         An exception raised by the policy stops the run and propagates (after the other
@@ -128,7 +128,7 @@ class AsyncWorkerPool:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def run_episode(self, slot: int, request: EpisodeRequest, policy: Policy) -> Episode:
+    async def run_episode(self, slot: int, request: EpisodeRequest, policy: EpisodePolicy) -> Episode:
         """Returns the Episode for `request` run on worker `slot`, re-running it from reset after
         a browser fault (at most max_attempts attempts)."""
         worker = self.workers[slot]
@@ -144,7 +144,7 @@ class AsyncWorkerPool:
         return Episode(request=request, status=FAILED, attempts=self.max_attempts, faults=tuple(faults),
                        reason=f"{self.max_attempts} attempts hit browser faults", wall_s=time.monotonic() - started)
 
-    async def _attempt(self, worker: BrowserWorker, slot: int, request: EpisodeRequest, policy: Policy,
+    async def _attempt(self, worker: BrowserWorker, slot: int, request: EpisodeRequest, policy: EpisodePolicy,
                        attempt: int) -> Episode:
         obs = await worker.reset(request.task, request.seed)
         instruction = obs.instruction
@@ -166,7 +166,7 @@ class AsyncWorkerPool:
                        truncated=not done or bool(info.get("truncated")))
 
 
-async def _call(policy: Policy, history: History) -> Action:
+async def _call(policy: EpisodePolicy, history: History) -> Action:
     if inspect.iscoroutinefunction(policy) or inspect.iscoroutinefunction(getattr(policy, "__call__", None)):
         return await policy(history)
     result = await asyncio.to_thread(policy, history)

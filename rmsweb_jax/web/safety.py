@@ -9,6 +9,10 @@ import urllib.request
 # Schemes that never leave the browser.
 _LOCAL_SCHEMES = frozenset({"about", "data", "blob"})
 _NETWORK_SCHEMES = frozenset({"http", "https", "ws", "wss"})
+# Internal error pages (a failed load of an allowed URL): nothing was fetched from anywhere.
+_ERROR_PAGE_SCHEMES = frozenset({"chrome-error"})
+# Port 0 cannot be connected to: every connection sent to this proxy fails at once.
+REFUSING_PROXY = "http://127.0.0.1:0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,12 +29,31 @@ class RequestPolicy:
     file_roots: tuple[str, ...] = ()
     check_subresources: bool = True
 
+    def context_proxy(self) -> dict[str, str] | None:
+        """Returns the Playwright proxy setting that refuses every connection to a host off the
+        allowlist (None when sub-resources are not checked or every host is allowed).
+
+        Request interception (the guard's Fetch) never sees WebSocket handshakes; a proxy that
+        refuses all connections, bypassed for the allowlist only, stops them in the network
+        stack, for every page, frame and worker of the context. `<-loopback>` comes first: it
+        drops Chromium's implicit bypass of 127.0.0.0/8 and localhost, which would let any
+        local port through.
+        """
+        if self.allowed_hosts is None or not self.check_subresources:
+            return None
+        rules = ["<-loopback>"]
+        for entry in self.allowed_hosts:
+            name, _, port = entry.lower().partition(":")
+            suffix = f":{port}" if port else ""
+            rules += [f"{name}{suffix}", f"*.{name}{suffix}"]
+        return {"server": REFUSING_PROXY, "bypass": ",".join(rules)}
+
     def blocked_reason(self, url: str, resource_type: str = "document") -> str | None:
         """Returns why `url` must not load, or None when it may."""
         try:
             parts = urllib.parse.urlsplit(url)
             scheme = parts.scheme.lower()
-            if scheme in _LOCAL_SCHEMES:
+            if scheme in _LOCAL_SCHEMES or scheme in _ERROR_PAGE_SCHEMES:
                 return None
             if scheme == "file":
                 path = os.path.realpath(urllib.request.url2pathname(parts.path))

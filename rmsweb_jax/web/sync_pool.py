@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 from rmsweb_jax.web.browser import kill_marked
 from rmsweb_jax.web.episode import Episode, EpisodeRequest
 from rmsweb_jax.web.loop_thread import _POLL_S, LoopThread
-from rmsweb_jax.web.pool import AsyncWorkerPool, Policy
+from rmsweb_jax.web.pool import AsyncWorkerPool, EpisodePolicy
 from rmsweb_jax.web.suite import Suite
 from rmsweb_jax.web.worker import WorkerConfig
 
@@ -62,7 +62,7 @@ class WorkerPool:
             raise
         return self
 
-    def run(self, requests: Iterable[EpisodeRequest], policy: Policy) -> Iterator[Episode]:
+    def run(self, requests: Iterable[EpisodeRequest], policy: EpisodePolicy) -> Iterator[Episode]:
         """Yields one Episode per request as they finish; a policy exception propagates."""
         if self._loop is None:
             raise RuntimeError("the pool is not started (use `with WorkerPool(...)` or start())")

@@ -11,7 +11,7 @@ from playwright.async_api import async_playwright
 
 from rmsweb_jax.web.action_executor import ActionFailed, execute_action
 from rmsweb_jax.web.actions import RELATIVE, Action, CoordinateSpace
-from rmsweb_jax.web.browser import close_browser, launch_chromium, marked_pids, new_marker
+from rmsweb_jax.web.browser import close_browser, kill_marked, launch_chromium, marked_pids, new_marker
 from rmsweb_jax.web.guard import ContextGuard
 from rmsweb_jax.web.observation import Observation
 from rmsweb_jax.web.page_reader import read_page
@@ -27,8 +27,9 @@ _READ_ATTEMPTS = 4
 
 
 class WorkerFault(RuntimeError):
-    """The browser or page crashed or hung. The worker has restarted its browser; the episode
-    in progress is lost and must be run again from reset."""
+    """The browser or page crashed or hung. The worker has restarted its browser (or, when the
+    relaunch failed too, will launch one on the next reset); the episode in progress is lost
+    and must be run again from reset."""
 
 
 class EpisodeNotRunning(RuntimeError):
@@ -83,7 +84,8 @@ class BrowserWorker:
             obs = await worker.reset(task, seed=0)
             obs, done, info = await worker.step(Action.click(500, 300))
 
-    A crash or hang during reset or step restarts the browser and raises WorkerFault.
+    A crash or hang during reset or step restarts the browser and raises WorkerFault; so does
+    a failure of that restart (the next reset launches again).
     `playwright` may be shared between workers of one pool; `marker` tags this worker's browser.
     """
 
@@ -195,19 +197,30 @@ class BrowserWorker:
         except Exception as e:  # noqa: BLE001 — any failure inside the browser is a fault
             reason = f"{what} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         self._episode = None
-        await self.restart()
+        try:
+            await self.restart()
+        except Exception as e:  # noqa: BLE001 — the replacement died too: launch again on the next reset
+            reason += f"; the relaunch failed too: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self._browser, self._context, self._guard = None, None, None
+            kill_marked(self.marker, exact=True)
         raise WorkerFault(reason)
 
     async def _ensure_context(self, policy: RequestPolicy) -> None:
         if self._browser is None:
             await self.start()
-        fresh = not self.suite.reuse_page or self._context is None or self._guard is None or not self._guard.pages
+        # A context's proxy (strict mode's WebSocket block) is fixed when it is created.
+        fresh = (not self.suite.reuse_page or self._context is None or self._guard is None or not self._guard.pages
+                 or policy.context_proxy() != self._guard.policy.context_proxy())
         if fresh:
+            if self._guard is not None:
+                await self._guard.close()
             if self._context is not None:
                 await self._context.close()
+            self._guard = None
             self._context = await self._browser.new_context(
                 viewport={"width": self.suite.viewport[0], "height": self.suite.viewport[1]},
-                device_scale_factor=self.suite.device_scale_factor, accept_downloads=False)
+                device_scale_factor=self.suite.device_scale_factor, accept_downloads=False,
+                proxy=policy.context_proxy())
             self._guard = ContextGuard(self._context, policy)
             await self._guard.open_page()
         else:
@@ -222,6 +235,7 @@ class BrowserWorker:
         await self._ensure_context(self.suite.request_policy(task))
         guard = self._guard
         instruction = await self.suite.begin(guard.active, task, seed, self.config.reset_timeout_s)
+        await guard.settle()
         state = await self._read()
         obs = self._observation(state, instruction, step=0, action=None, error=None)
         self._episode = _Episode(task=task, seed=seed, instruction=instruction, started=time.monotonic(), last=obs)
@@ -243,9 +257,11 @@ class BrowserWorker:
             raise RuntimeError("browser disconnected or page crashed during the action")
         if self.suite.settle_s > 0 and action.name not in ("wait", "answer"):
             await asyncio.sleep(self.suite.settle_s)
+        await guard.settle()
+        state = await self._read()
+        # After the read, so the error and the observation's blocked_urls report the same events.
         if guard.log.blocked_navigations and error is None:
             error = f"navigation blocked: {guard.log.blocked_urls[-1]}"
-        state = await self._read()
         episode.steps += 1
         obs = self._observation(state, episode.instruction, step=episode.steps, action=action, error=error)
         status = self.suite.status(episode.task, state.status_value, action if action.name == "answer" else None)
@@ -259,13 +275,20 @@ class BrowserWorker:
         return obs, episode.done, info
 
     async def _read(self):
-        page = self._guard.active
-        cdp = await self._guard.session(page)
+        guard = self._guard
+        page = guard.active
+        cdp = await guard.session(page)
         for attempt in range(1, _READ_ATTEMPTS + 1):
             try:
                 return await read_page(page, cdp, viewport=self.suite.viewport, status_script=self.suite.status_script,
                                        fast_png=self.config.fast_png)
             except PlaywrightError as e:
+                if attempt < _READ_ATTEMPTS and not self._dead and page.is_closed() and guard.active is not page:
+                    # The page closed itself (window.close()) while we read it: read the one
+                    # that took over.
+                    page = guard.active
+                    cdp = await guard.session(page)
+                    continue
                 # A navigation under way destroys the page's JS context or briefly leaves no
                 # frame to capture: let it land and read again.
                 message = str(e).lower()

@@ -3,17 +3,19 @@
 One model per module, and few distinct (batch, length bucket, images) shapes: each new shape is a
 jit compile, which is what these tests pay for.
 """
+import dataclasses
 import json
 import threading
 
 import numpy as np
 import pytest
 
-from rmsweb_jax.agents.chat_model import (ChatModel, Completion, default_stop_token_ids,
+from configs.common import base_config
+from rmsweb_jax.sampling.chat_model import (ChatModel, Completion, default_stop_token_ids,
                                           image_config_from_checkpoint)
 from rmsweb_jax.agents.flax_policy import FlaxPolicy
 from rmsweb_jax.agents.policy import PastStep, ReflectionRequest, StepContext
-from rmsweb_jax.agents.prompt import PromptBuilder, PromptConfig
+from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.processing.chat import image_url_part
 from rmsweb_jax.processing.image import ImageProcessorConfig
 from rmsweb_jax.sampling.sampler import SamplingParams
@@ -24,6 +26,7 @@ from rmsweb_jax.web.observation import Observation
 from tests.agents.screens import labelled_png as _png
 
 SMALL = ImageProcessorConfig(min_pixels=1024, max_pixels=4096)
+PROMPT = prompt_config_from(base_config())  # the shipped prompt settings
 GREEDY = SamplingParams(max_new_tokens=6)  # one max_new_tokens for every test: it is a static jit argument
 
 
@@ -143,7 +146,7 @@ def _contexts() -> list[StepContext]:
 
 
 def test_act_returns_one_parsed_output_per_context_with_accounting(chat_model):
-    builder = PromptBuilder(PromptConfig(include_elements=True))
+    builder = PromptBuilder(dataclasses.replace(PROMPT, include_elements=True))
     policy = FlaxPolicy(chat_model, builder, GREEDY, name="tiny")
     contexts = _contexts()
     outputs = policy.act(contexts)
@@ -169,7 +172,7 @@ def test_act_returns_one_parsed_output_per_context_with_accounting(chat_model):
 
 
 def test_reflect_uses_the_reflection_prompt_and_counts(chat_model):
-    builder = PromptBuilder()
+    builder = PromptBuilder(PROMPT)
     policy = FlaxPolicy(chat_model, builder, GREEDY)
     request = ReflectionRequest(task_id="b", instruction="Click Submit", attempt=1, steps=_contexts()[1].history,
                                 verdict="NOT SUCCESS", verdict_reason="Submit was never clicked")
@@ -183,12 +186,12 @@ def test_reflect_uses_the_reflection_prompt_and_counts(chat_model):
 
 
 def test_close_stops_the_policy_and_only_an_owned_model(chat_model):
-    shared = FlaxPolicy(chat_model, params=GREEDY)
+    shared = FlaxPolicy(chat_model, PromptBuilder(PROMPT), GREEDY)
     shared.close()
     with pytest.raises(RuntimeError, match="closed"):
         shared.act(_contexts())
     assert chat_model.complete(CONVERSATIONS[:1], GREEDY)[0].completion_tokens > 0  # still serving
     own = ChatModel(chat_model.model, chat_model.tokenizer, image_config=SMALL)
-    FlaxPolicy(own, params=GREEDY, owns_model=True).close()
+    FlaxPolicy(own, PromptBuilder(PROMPT), GREEDY, owns_model=True).close()
     with pytest.raises(RuntimeError, match="closed"):
         own.complete(CONVERSATIONS[:1], GREEDY)

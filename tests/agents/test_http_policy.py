@@ -1,4 +1,5 @@
 """HttpPolicy against the real ChatServer (tiny random model) on 127.0.0.1, in a real browser."""
+import dataclasses
 import io
 
 import numpy as np
@@ -8,7 +9,8 @@ from PIL import Image
 from rmsweb_jax.agents.chat_client import ChatClient, ChatError
 from rmsweb_jax.agents.http_policy import HttpPolicy
 from rmsweb_jax.agents.policy import PastStep, ReflectionRequest, StepContext
-from rmsweb_jax.agents.prompt import PromptBuilder, PromptConfig
+from configs.common import base_config
+from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.sampling.serve import ChatServer
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
 from rmsweb_jax.web.action_text import format_action
@@ -21,7 +23,7 @@ from tests.sampling.tiny_chat import tiny_chat_model
 KEY = "policy-key"
 MAX_TOKENS = 6  # one decode length for every test here: one compiled shape per prompt bucket
 # Only the current screenshot: every step's prompt then falls in the same length bucket.
-BUILDER = PromptBuilder(PromptConfig(history_steps=4, history_images=0))
+BUILDER = PromptBuilder(dataclasses.replace(prompt_config_from(base_config()), history_steps=4, history_images=0))
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +51,8 @@ def observation(screenshot: bytes, size=(500, 240)) -> Observation:
 
 
 @pytest.mark.browser
-def test_an_episode_runs_through_the_server_once_per_step(server, shared_dir):
-    task = {t.id: t for t in load_miniwob_tasks(shared_dir / "benchmarks" / "miniwob_tasks.csv")}["miniwob.click-button"]
+def test_an_episode_runs_through_the_server_once_per_step(server):
+    task = {t.id: t for t in load_miniwob_tasks()}["miniwob.click-button"]
     policy = make_policy(server)
     outputs = []  # (PolicyOutput, Action taken) per step, oldest first
 

@@ -1,4 +1,5 @@
 """The shared prompt builder: tool description, user turn (reflections, history, elements), target, reflection."""
+import dataclasses
 import io
 import json
 
@@ -6,18 +7,21 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from configs.common import base_config
 from rmsweb_jax.agents.policy import PastStep, ReflectionRequest, StepContext
 from rmsweb_jax.agents.prompt import (ACTION_DOCS, ARGUMENT_TYPES, REFLECTION_HEADER, PromptBuilder, PromptConfig,
-                                      system_prompt, tool_schema)
+                                      prompt_config_from, system_prompt, tool_schema)
 from rmsweb_jax.processing.chat import decode_image_part, encode_chat, encode_for_training, render_chat
 from rmsweb_jax.processing.image import ImageProcessorConfig
-from rmsweb_jax.processing.prompts import load_tokenizer
+from rmsweb_jax.processing.prompt_tokens import load_tokenizer
 from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
 from rmsweb_jax.web.action_text import format_action, parse_action
 from rmsweb_jax.web.actions import ACTION_NAMES, RELATIVE, Action, ActionError, CoordinateSpace
 from rmsweb_jax.web.elements import BBox, Element
 from rmsweb_jax.web.observation import Observation
 from tests.agents.screens import labelled_png as _png
+
+PROMPT = prompt_config_from(base_config())  # the shipped prompt settings
 
 SMALL = ImageProcessorConfig(min_pixels=4096, max_pixels=16384)
 EXAMPLE_ARGS = {"coordinate": [10, 20], "text": "hello", "press_enter": True, "clear": True, "keys": ["Enter"],
@@ -57,6 +61,10 @@ def _texts(parts) -> list[str]:
     return [p["text"] for p in parts if p["type"] == "text"]
 
 
+def _prompt(**overrides) -> PromptConfig:
+    return dataclasses.replace(PROMPT, **overrides)
+
+
 def _images(parts) -> list[dict]:
     return [p for p in parts if p["type"] == "image_url"]
 
@@ -69,13 +77,24 @@ def _images(parts) -> list[dict]:
 ])
 def test_prompt_config_is_validated(kw, match):
     with pytest.raises(ValueError, match=match):
-        PromptConfig(**kw)
+        dataclasses.replace(PROMPT, **kw)
 
 
-def test_prompt_config_from_config_refuses_unknown_keys():
-    assert PromptConfig.from_config({"history_steps": 2, "history_images": 0}).history_steps == 2
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['history'\]"):
-        PromptConfig.from_config({"history": 2})
+def test_prompt_config_comes_whole_from_the_config_block():
+    assert dataclasses.asdict(PROMPT) == base_config().prompt.to_dict()  # every field, nothing else
+    config = base_config()
+    config.prompt.history_steps, config.prompt.history_images = 2, 0
+    assert prompt_config_from(config) == dataclasses.replace(PROMPT, history_steps=2, history_images=0)
+    with pytest.raises(ValueError, match=r"config.prompt: unknown key\(s\) \['history'\]"):
+        PromptConfig.from_config({**base_config().prompt.to_dict(), "history": 2})
+    with pytest.raises(ValueError, match=r"config.prompt: missing key\(s\) \['history_images', 'include_elements'"):
+        PromptConfig.from_config({"history_steps": 2})
+    config.prompt.history_images = 3  # overrides are validated like the defaults
+    with pytest.raises(ValueError, match=r"config.prompt.history_images \(3\) must not exceed history_steps \(2\)"):
+        prompt_config_from(config)
+    del config["prompt"]
+    with pytest.raises(ValueError, match="no `prompt` block"):
+        prompt_config_from(config)
 
 
 def test_tool_schema_documents_exactly_what_actions_accept():
@@ -103,7 +122,7 @@ def test_system_prompt_states_the_coordinate_space():
     tools = relative.split("<tools>\n")[1].split("\n</tools>")[0]
     assert json.loads(tools) == tool_schema(RELATIVE)
     # The pixel observation's system prompt follows the observation.
-    messages = PromptBuilder().messages(_context(coordinates="pixel"))
+    messages = PromptBuilder(PROMPT).messages(_context(coordinates="pixel"))
     assert messages[0]["content"] == pixel
 
 
@@ -111,7 +130,7 @@ def test_system_prompt_states_the_coordinate_space():
 @pytest.mark.parametrize("n, m", [(4, 1), (2, 2), (0, 0), (10, 3)])
 def test_history_shows_the_last_n_steps_and_m_screenshots(n, m):
     ctx = _context(history=6)
-    parts = PromptBuilder(PromptConfig(history_steps=n, history_images=m)).user_content(ctx)
+    parts = PromptBuilder(_prompt(history_steps=n, history_images=m)).user_content(ctx)
     text = "".join(_texts(parts))
     shown = list(range(max(1, 7 - n), 7)) if n else []
     for i in range(1, 7):
@@ -130,7 +149,7 @@ def test_history_shows_the_last_n_steps_and_m_screenshots(n, m):
 
 
 def test_reflections_appear_only_when_given_and_change_only_their_block():
-    builder = PromptBuilder()
+    builder = PromptBuilder(PROMPT)
     without = builder.messages(_context())
     with_ = builder.messages(_context(reflections=("Step 2 clicked Cancel; click Submit.", "Type the email first.")))
     assert REFLECTION_HEADER not in json.dumps(without)
@@ -145,29 +164,29 @@ def test_reflections_appear_only_when_given_and_change_only_their_block():
 
 def test_element_list_toggles_and_is_capped():
     ctx = _context(history=0)
-    assert "Page elements" not in "".join(_texts(PromptBuilder().user_content(ctx)))
-    text = "".join(_texts(PromptBuilder(PromptConfig(include_elements=True)).user_content(ctx)))
+    assert "Page elements" not in "".join(_texts(PromptBuilder(PROMPT).user_content(ctx)))
+    text = "".join(_texts(PromptBuilder(_prompt(include_elements=True)).user_content(ctx)))
     # Centres in the 0-1000 space of the 200x100 viewport; the unnamed generic element is left out.
     assert '[1] button "Submit" at [250, 250]' in text
     assert '[2] textbox "Email" value="a@b.c" at [700, 600]' in text
     assert "[3]" not in text
     many = [Element(i, "link", f"Link {i}", BBox(1, 1, 10, 10)) for i in range(10)]
-    builder = PromptBuilder(PromptConfig(include_elements=True, max_elements=4))
+    builder = PromptBuilder(_prompt(include_elements=True, max_elements=4))
     capped = builder.element_list(_observation(elements=many))
     assert capped.count("link") == 4 and "(6 more elements not listed)" in capped
-    pixel = PromptBuilder(PromptConfig(include_elements=True)).element_list(_observation(coordinates="pixel"))
+    pixel = PromptBuilder(_prompt(include_elements=True)).element_list(_observation(coordinates="pixel"))
     assert '"Submit" at [100, 50]' in pixel  # 400x200 screenshot pixels, twice the CSS viewport
 
 
 def test_observation_events_are_reported():
     ctx = _context(history=0, last_error="element not found", dialogs=("Are you sure?",))
-    text = "".join(_texts(PromptBuilder().user_content(ctx)))
+    text = "".join(_texts(PromptBuilder(PROMPT).user_content(ctx)))
     assert "The last action failed: element not found" in text and "Are you sure?" in text
 
 
 def test_rendered_chat_contains_every_piece(tokenizer):
     ctx = _context(history=3, reflections=("Click Submit, not Cancel.",))
-    messages = PromptBuilder(PromptConfig(history_steps=2, history_images=1, include_elements=True)).messages(ctx)
+    messages = PromptBuilder(_prompt(history_steps=2, history_images=1, include_elements=True)).messages(ctx)
     text, images = render_chat(tokenizer, messages)
     assert text.startswith("<|im_start|>system\nYou are a web agent.") and text.endswith("<|im_start|>assistant\n")
     for piece in ("# Tools", '"name": "computer_use"', "Task: Sign up with a@b.c",
@@ -203,7 +222,7 @@ def test_target_refuses_malformed_parts():
 
 
 def test_training_example_from_the_builder(tokenizer):
-    builder = PromptBuilder()
+    builder = PromptBuilder(PROMPT)
     ctx = _context(history=2)
     target = builder.target("Click Submit.", format_action(Action.click(250, 250)))
     train = encode_for_training(tokenizer, builder.messages(ctx), target, SMALL, mask="action_only")
@@ -219,7 +238,7 @@ def test_reflection_prompt_holds_task_steps_and_verdict(tokenizer, reflection_im
     req = ReflectionRequest(task_id="t", instruction="Sign up with a@b.c", attempt=2, steps=steps,
                             verdict="NOT SUCCESS", verdict_reason="the form was never submitted",
                             earlier_reflections=("Use the Email field.",))
-    messages = PromptBuilder(PromptConfig(reflection_images=reflection_images)).reflection_messages(req)
+    messages = PromptBuilder(_prompt(reflection_images=reflection_images)).reflection_messages(req)
     assert messages[0]["role"] == "system" and "what the agent should do instead" in messages[0]["content"]
     text = "".join(_texts(messages[1]["content"]))
     for piece in ("Task: Sign up with a@b.c", "Attempt: 2", "Reflection 1: Use the Email field.", "thought number 1",
@@ -234,6 +253,6 @@ def test_reflection_prompt_holds_task_steps_and_verdict(tokenizer, reflection_im
 def test_reflection_prompt_for_an_attempt_without_steps():
     req = ReflectionRequest(task_id="t", instruction="Do it", attempt=1, steps=(), verdict="NOT SUCCESS",
                             verdict_reason="no action")
-    messages = PromptBuilder().reflection_messages(req)
+    messages = PromptBuilder(PROMPT).reflection_messages(req)
     assert "before its first action" in "".join(_texts(messages[1]["content"]))
     assert not _images(messages[1]["content"])

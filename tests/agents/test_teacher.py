@@ -72,8 +72,8 @@ def request(tasks, name, seed, attempt, max_steps=8):
 
 
 @pytest.fixture(scope="module")
-def miniwob_tasks(shared_dir):
-    return {t.id: t for t in load_miniwob_tasks(shared_dir / "benchmarks" / "miniwob_tasks.csv")}
+def miniwob_tasks():
+    return {t.id: t for t in load_miniwob_tasks()}
 
 
 @pytest.fixture(scope="module")

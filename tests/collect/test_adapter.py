@@ -2,7 +2,7 @@
 and the attempt's reflections; an unparseable turn runs as a harmless wait and is recorded."""
 import asyncio
 import dataclasses
-import time
+import threading
 
 import pytest
 
@@ -13,8 +13,10 @@ from rmsweb_jax.suites.task import Task
 from rmsweb_jax.web.action_text import format_action
 from rmsweb_jax.web.actions import Action
 from rmsweb_jax.web.episode import EpisodeRequest, History
-from tests.collect.groups import step
+from rmsweb_jax.collect.store_fixture import click_step as step
 
+# Upper bound on any wait in this file: only reached when the behaviour under test is broken.
+WAIT_S = 60.0
 TASK = Task(suite="miniwob", id="miniwob.click-button", start_url="miniwob/click-button.html")
 
 
@@ -31,14 +33,19 @@ def history(rid: str, steps: int = 0) -> History:
 
 
 class Recording:
-    """A policy that hands every batch to an inner policy and keeps the batches it saw."""
+    """A policy that hands every batch to an inner policy and keeps the batches it saw. With
+    `hold_first`, the first act() signals `entered` and blocks until `release` is set (a model's
+    forward pass that lasts exactly as long as the test needs)."""
 
-    def __init__(self, inner, delay_s: float = 0.0):
-        self.inner, self.name, self.batches, self.delay_s = inner, inner.name, [], delay_s
+    def __init__(self, inner, hold_first: bool = False):
+        self.inner, self.name, self.batches = inner, inner.name, []
+        self.hold_first, self.entered, self.release = hold_first, threading.Event(), threading.Event()
 
     def act(self, contexts):
         self.batches.append(list(contexts))
-        time.sleep(self.delay_s)  # a model's forward pass
+        if self.hold_first and len(self.batches) == 1:
+            self.entered.set()
+            assert self.release.wait(WAIT_S), "the test never released the first batch"
         return self.inner.act(contexts)
 
     def reflect(self, request):
@@ -74,17 +81,15 @@ class Scripted:
 
 def test_concurrent_calls_become_one_batch_without_waiting_the_window():
     policy = Recording(ScriptedTeacher())
-    bridge = PolicyBridge(policy, max_batch=3, window_s=5.0)
+    # A window far longer than the test's wait: the calls can only complete if a full batch goes at once.
+    bridge = PolicyBridge(policy, max_batch=3, window_s=3600.0)
 
     async def main():
         for i in range(3):
             bridge.begin(f"r{i}", AttemptSpec(attempt=2, reflections=(f"reflection {i}",)))
-        start = time.monotonic()
-        actions = await asyncio.gather(*(bridge(history(f"r{i}")) for i in range(3)))
-        return actions, time.monotonic() - start
+        return await asyncio.wait_for(asyncio.gather(*(bridge(history(f"r{i}")) for i in range(3))), WAIT_S)
 
-    actions, elapsed = asyncio.run(main())
-    assert elapsed < 2.0  # a full batch goes at once, not after the 5 s window
+    actions = asyncio.run(main())
     assert len(policy.batches) == 1 and [c.key for c in policy.batches[0]] == ["r0/0", "r1/0", "r2/0"]
     assert [c.reflections for c in policy.batches[0]] == [("reflection 0",), ("reflection 1",), ("reflection 2",)]
     assert all(c.attempt == 2 and c.task_id == TASK.id for c in policy.batches[0])
@@ -93,19 +98,25 @@ def test_concurrent_calls_become_one_batch_without_waiting_the_window():
 
 
 def test_calls_within_the_window_batch_and_calls_during_a_batch_queue_for_the_next():
-    policy = Recording(ScriptedTeacher(), delay_s=1.0)
-    bridge = PolicyBridge(policy, max_batch=4, window_s=0.3)
+    policy = Recording(ScriptedTeacher(), hold_first=True)
+    bridge = PolicyBridge(policy, max_batch=4, window_s=0.5)
 
     async def main():
-        calls = []  # a at 0 s, b at 0.02 s (window until 0.3 s), c at ~0.42 s and d at ~0.47 s (batch until ~1.3 s)
-        for name, pause in (("a", 0.0), ("b", 0.02), ("c", 0.4), ("d", 0.05)):
-            await asyncio.sleep(pause)
-            calls.append(asyncio.ensure_future(bridge(history(name))))
-        await asyncio.gather(*calls)
-        await bridge(history("e"))
+        # a opens the window; b arrives one loop turn later, inside it (a batch of 2 < max_batch
+        # goes when the window closes).
+        first = [asyncio.ensure_future(bridge(history("a")))]
+        await asyncio.sleep(0)
+        first.append(asyncio.ensure_future(bridge(history("b"))))
+        # c and d arrive while that batch is with the policy (held until released).
+        assert await asyncio.to_thread(policy.entered.wait, WAIT_S), "the window never closed"
+        second = [asyncio.ensure_future(bridge(history(name))) for name in ("c", "d")]
+        await asyncio.sleep(0)
+        policy.release.set()
+        await asyncio.wait_for(asyncio.gather(*first, *second), WAIT_S)
+        await asyncio.wait_for(bridge(history("e")), WAIT_S)
 
     asyncio.run(main())
-    # a and b arrive within the window: one batch; c and d arrive while it runs and go together
+    # a and b arrive within the window: one batch; c and d queue while it runs and go together
     # as soon as it is done; e comes alone.
     assert [[c.key for c in b] for b in policy.batches] == [["a/0", "b/0"], ["c/0", "d/0"], ["e/0"]]
 

@@ -3,9 +3,10 @@ its unparseable turns run as waits and are stored with their errors and token co
 reflections (written by the model) reach the next attempt."""
 import pytest
 
-from rmsweb_jax.agents.chat_model import ChatModel
+from rmsweb_jax.sampling.chat_model import ChatModel
 from rmsweb_jax.agents.flax_policy import FlaxPolicy
-from rmsweb_jax.agents.prompt import PromptBuilder
+from configs.common import base_config
+from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.collect.retries import RetryCollector
 from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
 from rmsweb_jax.judges.programmatic import ProgrammaticJudge
@@ -20,10 +21,10 @@ MAX_NEW_TOKENS = 8
 
 def test_collect_with_the_tiny_flax_model(tmp_path):
     chat_model = ChatModel.load("random:tiny", tmp_path, max_batch=1)
-    policy = FlaxPolicy(chat_model, PromptBuilder(), SamplingParams(max_new_tokens=MAX_NEW_TOKENS), owns_model=True)
+    policy = FlaxPolicy(chat_model, PromptBuilder(prompt_config_from(base_config())), SamplingParams(max_new_tokens=MAX_NEW_TOKENS), owns_model=True)
     task = Task(suite="miniwob", id="miniwob.click-button", start_url="miniwob/click-button.html", site="miniwob")
     with MiniWoBSuite() as suite, StoreWriter(tmp_path / "store") as store:
-        collector = RetryCollector(suite, policy, ProgrammaticJudge(), store, attempts=2, workers=1, max_steps=2,
+        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store, attempts=2, workers=1, max_steps=2,
                                    progress=False)
         summary = collector.run([task], seeds=[0])
     policy.close()

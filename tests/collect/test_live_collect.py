@@ -19,14 +19,17 @@ import pytest
 from configs.common import base_config
 from rmsweb_jax.agents.chat_client import ChatClient
 from rmsweb_jax.agents.http_policy import HttpPolicy
-from rmsweb_jax.agents.prompt import PromptBuilder
+from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.collect.retries import RetryCollector
 from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
 from rmsweb_jax.judges.llm import image_bytes
 from rmsweb_jax.stages import collect as stage
+from rmsweb_jax.suites import load_online_mind2web, load_webtailbench, load_webvoyager
+from rmsweb_jax.suites.download import DEFAULT_TASK_FILES
 from rmsweb_jax.suites.http_server import LocalHTTPServer
 from rmsweb_jax.suites.live import LiveSuite
 from rmsweb_jax.suites.task import Task
+from tests import benchmark_fixtures as fx
 
 ASK = "Find the price of the Blue Widget in the Widget Shop and answer with it."
 REFLECTION = ("Step 2 went wrong: you answered from the search results without opening the product. Next time "
@@ -144,14 +147,15 @@ def shop(tmp_path):
 
 
 @pytest.fixture()
-def task_file(tmp_path, shop, shared_dir):
-    """A WebVoyager-format task file: two shop tasks and one real record of the benchmark."""
-    real = (shared_dir / "benchmarks" / "webvoyager" / "WebVoyager_data.jsonl").read_text().splitlines()[0]
+def task_file(tmp_path, shop):
+    """A WebVoyager-format task file: two shop tasks and one benchmark-style record (fixture)."""
+    benchmark_record = fx.webvoyager_records()[0]
     records = [{"web_name": "Widget Shop", "id": "Widget Shop--0", "ques": "Find the shop's cheapest widget.",
                 "web": shop.url("index.html")},
-               {"web_name": "Widget Shop", "id": "Widget Shop--1", "ques": ASK, "web": shop.url("index.html")}]
+               {"web_name": "Widget Shop", "id": "Widget Shop--1", "ques": ASK, "web": shop.url("index.html")},
+               benchmark_record]
     path = tmp_path / "shop_tasks.jsonl"
-    path.write_text("\n".join([json.dumps(r) for r in records] + [real]) + "\n")
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
 
 
@@ -260,7 +264,7 @@ def test_a_judge_that_raises_is_an_error_verdict_not_a_crash(tmp_path, shop):
     llm = ScriptedLLM()
     task = Task(suite="webvoyager", id="Widget Shop--1", start_url=shop.url("index.html"), instruction=ASK,
                 allowed_hosts=("127.0.0.1",))
-    policy = HttpPolicy(ChatClient(llm.base_url, "scripted-agent"), PromptBuilder())
+    policy = HttpPolicy(ChatClient(llm.base_url, "scripted-agent"), PromptBuilder(prompt_config_from(base_config())))
     try:
         with StoreWriter(tmp_path / "store") as store:
             summary = RetryCollector(LiveSuite(viewport=(640, 400)), policy, RaisingJudge(), store, attempts=3,
@@ -310,8 +314,9 @@ def test_official_judges_per_suite():
         stage.judge_spec(c)
 
 
-def test_live_task_selection_from_the_benchmark_files(tmp_path, shared_dir):
-    bench = shared_dir / "benchmarks"
+def test_live_task_selection_from_the_benchmark_files(tmp_path, benchmark_files, monkeypatch):
+    bench = benchmark_files
+    monkeypatch.setenv("RMSWEB_DATA", str(tmp_path / "no-data"))  # the default data dir: empty
     c = base_config().collect
     c.suite, c.task_list = "webvoyager", str(bench / "webvoyager" / "WebVoyager_data.jsonl")
     c.tasks, c.reference_answers = "Amazon--0, Allrecipes--3", str(bench / "webvoyager" / "reference_answer.json")
@@ -328,7 +333,9 @@ def test_live_task_selection_from_the_benchmark_files(tmp_path, shared_dir):
     c.suite, c.task_list = "webtailbench", str(bench / "webtailbench" / "stagehand_WebTailBench_data.jsonl")
     assert all(t.rubric for t in stage.live_tasks(c))
     c.task_list = ""
-    with pytest.raises(ValueError, match="collect.task_list is empty: the webtailbench suite needs its benchmark task"):
+    with pytest.raises(ValueError, match=r"collect.task_list is empty and the webtailbench task file is not in the "
+                                         r"default data dir \(.*no-data/webtailbench/stagehand_WebTailBench_data"
+                                         r"\.jsonl.*`python -m rmsweb_jax.suites.download --suite=webtailbench`"):
         stage.live_tasks(c)
     # The rubric judge on a rubric-less edition fails before any browser starts.
     config = base_config()
@@ -337,3 +344,22 @@ def test_live_task_selection_from_the_benchmark_files(tmp_path, shared_dir):
     config.collect.task_list = str(bench / "webtailbench" / "molmoweb_webtailbench.json")
     with pytest.raises(ValueError, match="webtailbench needs each task's rubric"):
         stage.run(config, tmp_path)
+
+
+def test_an_empty_task_list_reads_the_downloaded_file_of_the_default_data_dir(tmp_path, benchmark_files, monkeypatch):
+    # The layout `python -m rmsweb_jax.suites.download --dest=DIR` writes; $RMSWEB_DATA points at it.
+    data = tmp_path / "data"
+    for name in DEFAULT_TASK_FILES.values():
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        (data / name).write_bytes((benchmark_files / name).read_bytes())
+    monkeypatch.setenv("RMSWEB_DATA", str(data))
+    c = base_config().collect
+    c.task_list, c.limit = "", 4
+    loaders = {"webvoyager": load_webvoyager, "online_mind2web": load_online_mind2web,
+               "webtailbench": load_webtailbench}
+    for suite, load in loaders.items():
+        c.suite = suite
+        assert stage.live_tasks(c) == load(data / DEFAULT_TASK_FILES[suite])[:4]
+    c.task_list = str(tmp_path / "missing.jsonl")  # a named file is never replaced by the default
+    with pytest.raises(ValueError, match=r"missing.jsonl'?: no such file .*--suite=webtailbench"):
+        stage.live_tasks(c)

@@ -1,9 +1,12 @@
 """Acceptance of the retry loop on MiniWoB++ in real Chromium with the ScriptedTeacher (mistakes
 on, K=3): retries raise the yield, every attempt is stored, and the report's figures equal what
-this test recomputes from the store's records. (The teacher is a scripted stand-in for an LLM
-collector; its rates are not a result.)"""
+this test recomputes from the store's records; browser-fault reruns (a real SIGKILL of the
+browser) take no attempt number and are no retry success. (The teacher is a scripted stand-in
+for an LLM collector; its rates are not a result.)"""
 import collections
 import dataclasses
+import os
+import signal
 
 import pytest
 
@@ -15,6 +18,8 @@ from rmsweb_jax.collect.sft_view import SFTView
 from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
 from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
+from rmsweb_jax.suites.success_rule import is_solved
+from rmsweb_jax.web.browser import marked_pids
 
 pytestmark = pytest.mark.browser
 
@@ -53,20 +58,20 @@ def _mean(values):
     return round(sum(values) / len(values), 3) if values else None
 
 
-def test_retries_raise_yield_and_the_report_matches_the_store(tmp_path, shared_dir):
-    known = {t.id: t for t in load_miniwob_tasks(shared_dir / "benchmarks" / "miniwob_tasks.csv")}
+def test_retries_raise_yield_and_the_report_matches_the_store(tmp_path):
+    known = {t.id: t for t in load_miniwob_tasks()}
     tasks = [known[name] for name in TASKS]
     policy = GarbleOneTurn(ScriptedTeacher(MISTAKES, tasks=TASKS), GARBLED)
     store_dir = tmp_path / "store"
     with MiniWoBSuite() as suite, StoreWriter(store_dir, flush_every_tasks=5) as store:
-        collector = RetryCollector(suite, policy, ProgrammaticJudge(), store, attempts=K, workers=2, max_steps=10,
-                                   progress=False)
+        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store, attempts=K, workers=2,
+                                   max_steps=10, progress=False)
         summary = collector.run(tasks, SEEDS)
         assert summary.collected == len(TASKS) * len(SEEDS) and summary.skipped == 0
         # A second run over the same store finds nothing left to do.
         again = collector.run(tasks, SEEDS)
         assert again.collected == 0 and again.skipped == len(TASKS) * len(SEEDS) and again.trajectories == 0
-    report = write_report(store_dir, tmp_path, attempts=K)
+    report = write_report(store_dir, tmp_path, attempts=K, success_rule="solved")
     assert {p.name for p in tmp_path.iterdir()} >= {"report.json", "report.md", "report.png"}
 
     # --- recompute everything from the raw records --------------------------------------
@@ -89,7 +94,7 @@ def test_retries_raise_yield_and_the_report_matches_the_store(tmp_path, shared_d
         for t in group:
             assert t.request_id == f"{key[0]}#{key[1]}@{t.attempt}"
             assert len(steps[t.request_id]) == t.num_steps
-            assert t.success == (t.reward is not None and t.reward > 0) == t.verdict.success
+            assert t.success == (t.reward is not None and is_solved(t.reward)) == t.verdict.success
             if t.status == "complete":  # no browser fault: one new reflection per failed attempt
                 assert len(t.reflections) == t.attempt - 1
             if t.attempt > 1:
@@ -173,18 +178,71 @@ class FailsAt:
         self.teacher.close()
 
 
-def test_a_policy_error_stops_the_run_and_keeps_finished_groups(tmp_path, shared_dir):
-    known = {t.id: t for t in load_miniwob_tasks(shared_dir / "benchmarks" / "miniwob_tasks.csv")}
+def test_a_policy_error_stops_the_run_and_keeps_finished_groups(tmp_path):
+    known = {t.id: t for t in load_miniwob_tasks()}
     tasks = [known[name] for name in ("miniwob.click-button", "miniwob.click-link", "miniwob.enter-text")]
     # The last new task's second step: by then several groups have finished.
     policy = FailsAt(ScriptedTeacher(MISTAKES), "miniwob.enter-text#1@1/1")
     with pytest.raises(ConnectionError, match="policy endpoint went away"):
         with MiniWoBSuite() as suite, StoreWriter(tmp_path, flush_every_tasks=100) as store:
-            RetryCollector(suite, policy, ProgrammaticJudge(), store, attempts=K, workers=2, max_steps=10,
-                           progress=False).run(tasks, SEEDS)
+            RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store, attempts=K, workers=2,
+                           max_steps=10, progress=False).run(tasks, SEEDS)
     # Groups that finished before the error were committed when the writer closed; each whole.
     groups = TrajectoryStore(tmp_path).groups()
     assert 0 < len(groups) < len(tasks) * len(SEEDS)
     for attempts in groups.values():
         assert [t.attempt for t in attempts] == list(range(1, len(attempts) + 1))
         assert attempts[-1].success or len(attempts) == K
+
+
+class KillsBrowserAt:
+    """The teacher, except that just before answering the step with context key `key` it
+    SIGKILLs the run's browser (worker 0's Chromium): a real crash in the middle of the attempt.
+    Only the first time: the rerun of the same step goes through."""
+
+    def __init__(self, teacher, key):
+        self.teacher, self.key, self.name = teacher, key, teacher.name
+        self.collector, self.killed = None, []
+
+    def act(self, contexts):
+        if any(c.key == self.key for c in contexts) and not self.killed:
+            self.killed.append(self.collector.pool.browser_pid(0))
+            os.kill(self.killed[0], signal.SIGKILL)
+        return self.teacher.act(contexts)
+
+    def reflect(self, request):
+        return self.teacher.reflect(request)
+
+    def stats(self):
+        return self.teacher.stats()
+
+    def close(self):
+        self.teacher.close()
+
+
+@pytest.mark.parametrize("fault_reruns", [1, 0])
+def test_browser_fault_reruns_take_no_attempt_number(tmp_path, fault_reruns):
+    # pool_max_attempts=1: the pool does not rerun by itself, so the crash reaches the collector.
+    task = next(t for t in load_miniwob_tasks() if t.id == "miniwob.enter-text")
+    policy = KillsBrowserAt(ScriptedTeacher(MistakeConfig(0.0, 0.0, 0.0)), "miniwob.enter-text#0@1/1")
+    with MiniWoBSuite() as suite, StoreWriter(tmp_path / "store") as store:
+        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store, attempts=K, workers=1,
+                                   max_steps=5, pool_max_attempts=1, fault_reruns=fault_reruns, progress=False)
+        policy.collector = collector
+        summary = collector.run([task], [0])
+    assert len(policy.killed) == 1 and policy.killed[0] not in marked_pids(summary.pool_marker)
+    (group,) = TrajectoryStore(tmp_path / "store").groups().values()
+    report = write_report(tmp_path / "store", tmp_path, attempts=K, success_rule="solved")
+    (attempt,) = group  # one attempt either way: the fault took no attempt number
+    assert attempt.attempt == 1 and attempt.reflections == () and len(attempt.faults) == 1, attempt.faults
+    if fault_reruns:  # the same attempt ran again and solved the task: solved on attempt 1, not on a retry
+        assert attempt.success and attempt.status == "complete" and attempt.num_steps == 2
+        assert summary.fault_reruns == 1 and summary.lost_to_faults == 0 and summary.solved_first == 1
+        assert report["solved_at_attempt"] == {"1": 1, "2": 0, "3": 0} and report["yield_gain"] == 0
+        assert report["browser_faults"] == {"faults": 1, "attempts_rerun": 1, "attempts_lost": 0}
+    else:  # no rerun allowed: the attempt is lost and ends its group unsolved, with no retry
+        assert not attempt.success and attempt.status == "failed" and attempt.verdict.judge == "pool"
+        assert summary.fault_reruns == 0 and summary.lost_to_faults == 1 and summary.solved == 0
+        assert report["solved"] == 0 and report["browser_faults"] == {"faults": 1, "attempts_rerun": 0,
+                                                                       "attempts_lost": 1}
+        assert report["judge"]["verdicts"] == 0 and report["policy"]["reflections_written"] == 0

@@ -13,9 +13,9 @@ import pytest
 from rmsweb_jax.collect.records import SCHEMA_VERSION, SchemaError, StepRecord, TrajectoryRecord, decode_record
 from rmsweb_jax.collect.sft_view import SFTView
 from rmsweb_jax.collect.store import (STEPS, STORE_FILE, TMP_PREFIX, TRAJECTORIES, StoreError, StoreWriter,
-                                      TrajectoryStore, _write_shard, shard_name)
+                                      TrajectoryStore, _write_shard, marker_name, shard_name)
 from rmsweb_jax.web.action_text import parse_action
-from tests.collect.groups import group
+from rmsweb_jax.collect.store_fixture import retry_group as group
 
 
 def _strip_location(traj):
@@ -106,33 +106,41 @@ def test_crash_leftovers_are_removed_on_open(tmp_path):
         assert store.removed_orphans == [TMP_PREFIX + shard_name(TRAJECTORIES, 2), shard_name(STEPS, 2)]
         store.add_group(orphan)
     assert sorted(os.listdir(root)) == sorted([".lock", STORE_FILE, shard_name(STEPS, 1), shard_name(TRAJECTORIES, 1),
-                                               shard_name(STEPS, 2), shard_name(TRAJECTORIES, 2)])
+                                               marker_name(1), shard_name(STEPS, 2), shard_name(TRAJECTORIES, 2),
+                                               marker_name(2)])
     assert TrajectoryStore(root).finished_task_keys() == {("kept", 0), ("lost", 0)}
 
 
-def test_killed_writer_leaves_only_whole_flushes(tmp_path):
-    """A real SIGKILL in the middle of a flush (between the steps and trajectories renames)."""
+@pytest.mark.parametrize("dies_after", [STEPS, TRAJECTORIES])
+def test_killed_writer_leaves_only_whole_flushes(tmp_path, dies_after):
+    """A real SIGKILL in the middle of a flush: after its steps shard, or after both shards but
+    before the commit marker."""
     root = tmp_path / "store"
     script = textwrap.dedent(f"""
         import os, signal
         from rmsweb_jax.collect import store as store_mod
-        from tests.collect.groups import group
+        from rmsweb_jax.collect.store_fixture import retry_group as group
         w = store_mod.StoreWriter({str(root)!r}, flush_every_tasks=2)
         w.add_group(group("a", 0, solved_at=1)); w.add_group(group("b", 0, solved_at=2))
         real = store_mod._write_shard
         def dying(path, records):
-            real(path, records)
-            if path.name.startswith("steps-000002"):
+            info = real(path, records)
+            if path.name.startswith({dies_after!r} + "-000002"):
                 os.kill(os.getpid(), signal.SIGKILL)
+            return info
         store_mod._write_shard = dying
         w.add_group(group("c", 0, solved_at=None)); w.add_group(group("d", 0, solved_at=3))
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=os.getcwd(), capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
-    assert (root / shard_name(STEPS, 2)).exists() and not (root / shard_name(TRAJECTORIES, 2)).exists()
+    written = [shard_name(STEPS, 2)] + ([shard_name(TRAJECTORIES, 2)] if dies_after == TRAJECTORIES else [])
+    assert all((root / name).exists() for name in written) and not (root / marker_name(2)).exists()
+    assert TrajectoryStore(root).committed_flushes() == [1]  # readers never see the unmarked flush
     with StoreWriter(root) as store:
-        assert store.removed_orphans == [shard_name(STEPS, 2)]
+        assert store.removed_orphans == sorted(written)
         assert store.finished_task_keys() == {("a", 0), ("b", 0)}
+        store.add_group(group("c", 0, solved_at=None))
+    assert TrajectoryStore(root).committed_flushes() == [1, 2]
 
 
 def test_grain_reads_the_shards(tmp_path):
@@ -201,3 +209,63 @@ def test_sft_view_and_reader_errors_name_the_path(tmp_path):
     (tmp_path / "old" / STORE_FILE).write_text('{"schema_version": 0}')
     with pytest.raises(StoreError, match=f"schema version 0; this code reads version {SCHEMA_VERSION}"):
         TrajectoryStore(tmp_path / "old")
+
+
+def test_a_store_holds_one_policy_and_names_both_when_refusing_another(tmp_path):
+    root = tmp_path / "store"
+    with StoreWriter(root, flush_every_tasks=1, policy="flax:hf:/ckpt/step-100") as store:
+        store.add_group(group("a", 0, solved_at=1))
+    assert TrajectoryStore(root).policy == "flax:hf:/ckpt/step-100"
+    with pytest.raises(StoreError, match=rf"{root}.*'flax:hf:/ckpt/step-100'.*'flax:hf:/ckpt/step-200'"):
+        StoreWriter(root, policy="flax:hf:/ckpt/step-200")
+    with StoreWriter(root, flush_every_tasks=1, policy="flax:hf:/ckpt/step-100") as store:  # the same policy appends
+        store.add_group(group("b", 0, solved_at=1))
+    assert TrajectoryStore(root).finished_task_keys() == {("a", 0), ("b", 0)}
+    # A store created without a name takes the first writer's.
+    StoreWriter(tmp_path / "unnamed").close()
+    StoreWriter(tmp_path / "unnamed", policy="scripted-teacher").close()
+    with pytest.raises(StoreError, match="'scripted-teacher'.*'http:qwen3-vl'"):
+        StoreWriter(tmp_path / "unnamed", policy="http:qwen3-vl")
+
+
+def test_provenance_is_recorded_at_creation_and_a_reader_with_other_settings_is_warned(tmp_path, caplog):
+    import dataclasses
+
+    from configs.common import base_config
+    from rmsweb_jax.agents.prompt import prompt_config_from
+    from rmsweb_jax.collect.store_fixture import task_group
+    from rmsweb_jax.collect.store_provenance import check_provenance, provenance
+    from rmsweb_jax.data.sft import SFTBatches, SFTDataConfig
+    from rmsweb_jax.processing.image import ImageProcessorConfig
+    from rmsweb_jax.processing.prompt_tokens import load_tokenizer
+    from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
+
+    build_tiny_tokenizer(tmp_path / "tok")
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    images = ImageProcessorConfig(min_pixels=8192, max_pixels=65536)
+    shipped = prompt_config_from(base_config())
+    produced = provenance(dataclasses.replace(shipped, history_steps=3, history_images=1), tokenizer, images)
+    root = tmp_path / "store"
+    with StoreWriter(root, flush_every_tasks=2, policy="flax:tiny", provenance=produced) as store:
+        for t in range(2):
+            store.add_group(task_group(f"t{t}", 0, fail_first=False, viewport=(200, 120), variant=t))
+    assert TrajectoryStore(root).provenance == produced
+    assert check_provenance(root, produced) == []
+    assert check_provenance(root, provenance()) == []  # nothing known to compare: no warning
+    assert not [r for r in caplog.records if "produced with other settings" in r.getMessage()]
+
+    tokenizer.chat_template = tokenizer.chat_template.replace("<|im_start|>", "<|im_start|> ")
+    other = provenance(dataclasses.replace(shipped, history_steps=4, history_images=1), tokenizer,
+                       ImageProcessorConfig(min_pixels=8192, max_pixels=131072))
+    assert check_provenance(root, other) == ["prompt.history_steps", "tokenizer", "image_processor"]
+    (warning,) = [r for r in caplog.records if "produced with other settings" in r.getMessage()]
+    assert str(root) in warning.getMessage() and "'prompt.history_steps': 3" in warning.getMessage()
+
+    # The SFT pipeline compares where it rebuilds the prompts.
+    caplog.clear()
+    view = SFTView(root)
+    rebuilt = dataclasses.replace(shipped, history_steps=2, history_images=1)
+    SFTBatches(view, range(len(view)), SFTDataConfig(store_dir=str(root)), tokenizer_dir=tmp_path / "tok",
+               image_config=images, rows=2, prompt_config=rebuilt).close()
+    (warning,) = [r for r in caplog.records if "produced with other settings" in r.getMessage()]
+    assert "rebuilt with (prompt.history_steps):" in warning.getMessage()  # same tokenizer, same images

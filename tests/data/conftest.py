@@ -3,15 +3,18 @@ tokenizer, a small image config, and every SFT example encoded once (the referen
 checked against)."""
 import pytest
 
+from configs.common import base_config
+from rmsweb_jax.agents.prompt import prompt_config_from
 from rmsweb_jax.collect.sft_view import SFTView
 from rmsweb_jax.data.sft import EncodeSFTExample, example_name
-from rmsweb_jax.data.synthetic import write_synthetic_store
+from rmsweb_jax.collect.store_fixture import write_synthetic_store
 from rmsweb_jax.processing.image import ImageProcessorConfig
 from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
 
 # 200x120 screenshots resize to 128x192 pixels: 96 patches, 24 image tokens per screenshot.
 IMAGE_CONFIG = ImageProcessorConfig(min_pixels=8192, max_pixels=65536)
 VIEWPORT = (200, 120)
+PROMPT = prompt_config_from(base_config())  # the shipped prompt settings
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +38,7 @@ def view(store_dir):
 
 @pytest.fixture(scope="session")
 def encoder(tokenizer_dir):
-    return EncodeSFTExample(tokenizer_dir, IMAGE_CONFIG)
+    return EncodeSFTExample(tokenizer_dir, IMAGE_CONFIG, PROMPT)
 
 
 @pytest.fixture(scope="session")

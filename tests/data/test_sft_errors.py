@@ -11,7 +11,7 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 from rmsweb_jax.collect.records import SCHEMA_VERSION, SchemaError
 from rmsweb_jax.collect.sft_view import SFTView
 from rmsweb_jax.collect.store import STORE_FILE, StoreError, StoreWriter
-from rmsweb_jax.data.synthetic import task_group, write_synthetic_store
+from rmsweb_jax.collect.store_fixture import task_group, write_synthetic_store
 from rmsweb_jax.stages import sft
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -10,7 +10,7 @@ from flax import nnx
 from rmsweb_jax.data.batching import assemble
 from rmsweb_jax.data.sft import example_name
 from rmsweb_jax.models.qwen3_vl import create, tiny
-from rmsweb_jax.processing.prompts import load_tokenizer
+from rmsweb_jax.processing.prompt_tokens import load_tokenizer
 from rmsweb_jax.train.batch import prepare_batch
 from rmsweb_jax.train.loss import make_sft_loss
 from tests.data.conftest import IMAGE_CONFIG

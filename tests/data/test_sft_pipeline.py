@@ -6,9 +6,9 @@ import pytest
 
 from rmsweb_jax.data.batching import Buckets, OversizeError, iterate_examples
 from rmsweb_jax.data.sft import SFTBatches, SFTDataConfig, host_indices, split_by_task
-from rmsweb_jax.processing.prompts import load_tokenizer
+from rmsweb_jax.processing.prompt_tokens import load_tokenizer
 from rmsweb_jax.train.batch import validate_batch
-from tests.data.conftest import IMAGE_CONFIG
+from tests.data.conftest import IMAGE_CONFIG, PROMPT
 
 # Examples are 2179-2366 tokens with 96 or 192 patches (1 or 2 screenshots): two bucket shapes occur.
 BUCKETS = dict(buckets=(2304, 2432), bucket_patches=(192, 192))
@@ -19,7 +19,7 @@ def make(view, tokenizer_dir, indices=None, rows=4, epochs=None, process_index=0
     cfg = SFTDataConfig(store_dir=str(view.store_dir), **{**BUCKETS, **kw})
     indices = range(len(view)) if indices is None else indices
     return SFTBatches(view, indices, cfg, tokenizer_dir=tokenizer_dir, image_config=IMAGE_CONFIG, rows=rows,
-                      epochs=epochs, process_index=process_index, process_count=process_count)
+                      prompt_config=PROMPT, epochs=epochs, process_index=process_index, process_count=process_count)
 
 
 def take(batches, n):

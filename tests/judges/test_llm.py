@@ -97,6 +97,7 @@ class _CompletionHandler(http.server.BaseHTTPRequestHandler):
 
 
 def test_chat_from_client_over_http(webvoyager_tasks):
+    _CompletionHandler.requests.clear()  # the test runs once per task source
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CompletionHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

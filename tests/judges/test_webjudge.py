@@ -1,5 +1,5 @@
 """WebJudge (Online-Mind2Web): key points, one relevance call per screenshot with keep >= 3 / max 50,
-and the final verdict — prompts from real task records, parsers on the official output formats."""
+and the final verdict — prompts from task records (fixture and real), parsers on the official output formats."""
 import pytest
 
 from rmsweb_jax.judges import WebJudge

@@ -1,4 +1,4 @@
-"""WebTailBench rubric judge: the rubric prompt from real Stagehand records, per-criterion JSON
+"""WebTailBench rubric judge: the rubric prompt from Stagehand records (fixture and real), per-criterion JSON
 parsing, conditional criteria, earned/max against the 0.8 threshold, and malformed replies."""
 import dataclasses
 import json
@@ -116,9 +116,9 @@ def test_no_applicable_criterion_is_an_error(united):
     assert verdict.outcome == "error" and "no criterion counts" in verdict.reason
 
 
-def test_task_without_rubric_is_an_error_without_a_call(benchmarks):
+def test_task_without_rubric_is_an_error_without_a_call(benchmark_files):
     from rmsweb_jax.suites import load_webtailbench
-    molmo = load_webtailbench(benchmarks / "webtailbench" / "molmoweb_webtailbench.json")[0]
+    molmo = load_webtailbench(benchmark_files / "webtailbench" / "molmoweb_webtailbench.json")[0]
     chat = ScriptedChat("{}")
     verdict = WebTailBenchJudge(chat).judge(make_attempt(molmo, 2, answer="x"))
     assert verdict.outcome == "error" and verdict.calls == 0 and chat.calls == []
@@ -126,7 +126,7 @@ def test_task_without_rubric_is_an_error_without_a_call(benchmarks):
 
 
 def test_text_only_form_and_missing_answer(webtailbench_tasks):
-    task = list(webtailbench_tasks.values())[100]
+    task = webtailbench_tasks["michaels_2250"]
     chat = ScriptedChat(reply_for(task, [r.max_points for r in task.rubric], condition_met=True))
     verdict = WebTailBenchJudge(chat, max_screenshots=0).judge(make_attempt(task, 3))
     assert verdict.outcome == "success" and verdict.score == 1.0

@@ -1,4 +1,4 @@
-"""WebVoyager judge: the official prompt built from real task records, and the official parser."""
+"""WebVoyager judge: the official prompt built from task records (fixture and real), and the official parser."""
 import pytest
 
 from rmsweb_jax.judges import WebVoyagerJudge

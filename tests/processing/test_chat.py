@@ -9,7 +9,7 @@ from PIL import Image
 from rmsweb_jax.processing.chat import (EncodedChat, decode_image_part, encode_chat, encode_for_training,
                                         image_url_part, png_data_url, render_chat)
 from rmsweb_jax.processing.image import ImageProcessorConfig, preprocess_images
-from rmsweb_jax.processing.prompts import encode_multimodal
+from rmsweb_jax.processing.prompt_tokens import encode_multimodal
 
 from .hf_reference import ImageOnlyQwen3VLProcessor, hf_image_processor
 

@@ -20,7 +20,7 @@ def _workdir() -> pathlib.Path:
 @functools.lru_cache(maxsize=None)
 def tiny_chat_model():
     """Returns ChatModel.load("random:tiny") (batches of up to 4) in a workdir removed at exit."""
-    from rmsweb_jax.agents.chat_model import ChatModel
+    from rmsweb_jax.sampling.chat_model import ChatModel
     return ChatModel.load("random:tiny", _workdir(), max_batch=4)
 
 

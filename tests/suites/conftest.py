@@ -6,9 +6,9 @@ from rmsweb_jax.web.worker import BrowserWorker
 
 
 @pytest.fixture(scope="session")
-def miniwob_tasks(shared_dir):
-    """Returns {task id: Task} for the 125 tasks of shared/benchmarks/miniwob_tasks.csv."""
-    return {t.id: t for t in load_miniwob_tasks(shared_dir / "benchmarks" / "miniwob_tasks.csv")}
+def miniwob_tasks():
+    """Returns {task id: Task} for the 125 tasks of the packaged table (rmsweb_jax/suites/miniwob_tasks.csv)."""
+    return {t.id: t for t in load_miniwob_tasks()}
 
 
 @pytest.fixture(scope="session")

@@ -1,19 +1,102 @@
-"""The WebVoyager, Online-Mind2Web and WebTailBench loaders on the shipped task files."""
+"""The WebVoyager, Online-Mind2Web and WebTailBench loaders: on fixture records written here
+(every file form, field by field), and on the real task files (counts; skipped when absent)."""
 import collections
 import json
 
 import pytest
 
 from rmsweb_jax.suites.online_mind2web import load_online_mind2web
-from rmsweb_jax.suites.records import TaskFileError
+from rmsweb_jax.suites.task_files import TaskFileError
 from rmsweb_jax.suites.task import Task
 from rmsweb_jax.suites.webtailbench import load_webtailbench
 from rmsweb_jax.suites.webvoyager import load_gaia_web, load_reference_answers, load_webvoyager
+from tests import benchmark_fixtures as fx
 
 
 @pytest.fixture(scope="module")
-def bench(shared_dir):
-    return shared_dir / "benchmarks"
+def bench(benchmarks_dir):
+    return benchmarks_dir
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory):
+    """Returns {file name: path} of the fixture files (tests/benchmark_fixtures.py)."""
+    return fx.write_benchmark_files(tmp_path_factory.mktemp("benchmarks"))
+
+
+@pytest.mark.parametrize("name", ["WebVoyager_data.jsonl", "fara_WebVoyager_data_08312025.jsonl",
+                                  "molmoweb_webvoyager.jsonl"])
+def test_webvoyager_fixture_records_load_field_by_field(fixtures, name):
+    name = f"webvoyager/{name}"
+    records, answers = fx.BUILDERS[name](), fx.reference_answers()
+    tasks = load_webvoyager(fixtures[name], fixtures["webvoyager/reference_answer.json"])
+    assert [t.id for t in tasks] == [r["id"] for r in records]
+    for task, record in zip(tasks, records):
+        site, number = record["web_name"], int(record["id"].rsplit("--", 1)[1])
+        [answer] = [a for a in answers[site]["answers"] if a["id"] == number]
+        assert (task.suite, task.site, task.start_url, task.instruction) == ("webvoyager", site, record["web"],
+                                                                            record["ques"])
+        assert (task.reference_answer, task.reference_kind) == (answer["ans"], answer["type"])
+        notice = answers[site]["notice"].strip()
+        assert task.metadata == ({"notice": notice} if notice else {})
+    by_id = {t.id: t for t in tasks}
+    assert by_id["Allrecipes--0"].allowed_hosts == ("allrecipes.com",)
+    assert by_id["Google Flights--1"].allowed_hosts == ("google.com",)  # the start URL's host, any path
+    assert by_id["ArXiv--2"].allowed_hosts == ("arxiv.org",)
+    without = load_webvoyager(fixtures[name])  # no reference answers: none joined
+    assert [t.id for t in without] == [t.id for t in tasks]
+    assert all(t.reference_answer is None and t.metadata == {} for t in without)
+
+
+def test_reference_answers_and_gaia_fixture_records(fixtures):
+    answers = load_reference_answers(fixtures["webvoyager/reference_answer.json"])
+    assert len(answers) == len(fx.WEBVOYAGER_SITES) * fx.WEBVOYAGER_PER_SITE
+    assert answers[("Allrecipes", 3)] == ("'Allrecipes item 3'", "golden", "note that review information is real-time")
+    assert answers[("Booking", 4)] == ("'Booking item 4'", "possible", "")
+    gaia = load_gaia_web(fixtures["webvoyager/GAIA_web.jsonl"])
+    records = fx.gaia_records()
+    assert [(t.id, t.level, t.reference_answer, t.metadata["gaia_task_id"]) for t in gaia] == [
+        (r["id"], str(r["Level"]), r["Final answer"], r["task_id"]) for r in records]
+    assert all(t.suite == "gaia_web" and t.allowed_hosts is None and t.site == "google.com" and
+               t.reference_kind == "golden" for t in gaia)
+
+
+@pytest.mark.parametrize("name", ["fara_Online_Mind2Web_06042025.json", "molmoweb_online_mind2web.json",
+                                  "stagehand_onlineMind2Web.jsonl"])
+def test_online_mind2web_fixture_records_load_field_by_field(fixtures, name):
+    name = f"online_mind2web/{name}"
+    tasks, records = load_online_mind2web(fixtures[name]), fx.BUILDERS[name]()
+    assert [(t.id, t.instruction, t.start_url, t.level, t.metadata["reference_length"]) for t in tasks] == [
+        (r["task_id"], r["confirmed_task"], r["website"], r["level"], r["reference_length"]) for r in records]
+    hosts = {r["website"]: r["website"].split("//")[1].removeprefix("www.").rstrip("/") for r in records}
+    assert all(t.allowed_hosts == (hosts[t.start_url],) and t.site == hosts[t.start_url] for t in tasks)
+    assert sum(t.id.endswith(fx.UPDATED_SUFFIX) for t in tasks) == (3 if name.endswith("molmoweb_online_mind2web.json")
+                                                                    else 0)
+
+
+def test_webtailbench_fixture_records_load_field_by_field(fixtures):
+    records = fx.webtailbench_records()
+    tasks = load_webtailbench(fixtures["webtailbench/stagehand_WebTailBench_data.jsonl"])
+    assert [(t.id, t.category, t.instruction) for t in tasks] == [
+        (r["id"], r["category"], r["ques"].rstrip("\r")) for r in records]
+    assert "São Paulo" in tasks[0].instruction  # the file is UTF-8, written unescaped as Stagehand does
+    for task, record in zip(tasks, records):
+        items = record["precomputed_rubric"]["items"]
+        assert [(i.criterion, i.description, i.max_points, i.condition) for i in task.rubric] == [
+            (i["criterion"], i["description"], float(i["max_points"]), i.get("condition")) for i in items]
+        assert task.start_url == "" and task.allowed_hosts is None  # no start site: the open web
+    summaries = load_webtailbench(fixtures["webtailbench/molmoweb_webtailbench.json"])
+    assert [(t.id, t.category, t.instruction, t.rubric) for t in summaries] == [
+        (r["id"], r["benchmark"], r["task_summary"], ()) for r in fx.molmoweb_webtailbench_records()]
+
+
+def test_fixture_tasks_round_trip_through_json(fixtures):
+    tasks = (load_webtailbench(fixtures["webtailbench/stagehand_WebTailBench_data.jsonl"])
+             + load_webvoyager(fixtures["webvoyager/WebVoyager_data.jsonl"],
+                               fixtures["webvoyager/reference_answer.json"])
+             + load_online_mind2web(fixtures["online_mind2web/stagehand_onlineMind2Web.jsonl"]))
+    for task in tasks:
+        assert Task.from_json(task.to_json()) == task
 
 
 def count_records(path) -> int:

@@ -5,8 +5,8 @@ import csv
 import pytest
 
 from miniwob_solvers import PLANNERS, plan, solving_policy, wrong_click
-from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks, miniwob_html_dir
-from rmsweb_jax.suites.records import TaskFileError
+from rmsweb_jax.suites.miniwob import TASK_TABLE, MiniWoBSuite, load_miniwob_tasks, miniwob_html_dir
+from rmsweb_jax.suites.task_files import TaskFileError
 from rmsweb_jax.web.actions import Action
 from rmsweb_jax.web.episode import EpisodeRequest
 from rmsweb_jax.web.sync_pool import WorkerPool
@@ -24,8 +24,17 @@ def test_task_list_matches_the_csv(miniwob_tasks):
     assert all((miniwob_html_dir() / t.start_url).is_file() for t in miniwob_tasks.values())
 
 
-def test_malformed_csv_rows_name_file_and_line(tmp_path, shared_dir):
-    rows = list(csv.reader(open(shared_dir / "benchmarks" / "miniwob_tasks.csv")))
+def test_packaged_table_is_the_benchmark_csv(benchmarks_dir):
+    # Our table holds the facts of BrowserGym's metadata file: same rows, same columns.
+    if not (benchmarks_dir / "miniwob_tasks.csv").is_file():  # not among the downloadable files
+        pytest.skip(f"miniwob_tasks.csv (BrowserGym's metadata) not in RMSWEB_BENCHMARKS={benchmarks_dir}")
+    with open(TASK_TABLE, newline="") as ours, open(benchmarks_dir / "miniwob_tasks.csv", newline="") as real:
+        assert list(csv.reader(ours)) == list(csv.reader(real))
+    assert load_miniwob_tasks() == load_miniwob_tasks(benchmarks_dir / "miniwob_tasks.csv")
+
+
+def test_malformed_csv_rows_name_file_and_line(tmp_path):
+    rows = list(csv.reader(open(TASK_TABLE, newline="")))
     cases = {
         "no-such-task": (["miniwob.no-such-task"] + rows[1][1:], "no page"),
         "bad-split": (rows[2][:5] + ["validation"], "browsergym_split"),

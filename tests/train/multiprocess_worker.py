@@ -67,12 +67,13 @@ def global_batch(cfg, parts: list[dict[str, np.ndarray]], rows: list[tuple[int, 
     process-major), each row's images with it, pixels padded to the buckets' max x processes (where the
     multi-process patch budget starts)."""
     from rmsweb_jax.train import batch as batch_lib
+    from rmsweb_jax.train import image_batch
     if rows is None:
         rows = [(p, r) for p, part in enumerate(parts) for r in range(len(part["input_ids"]))]
     images = []
     for part in parts:
         checked = batch_lib.validate_batch(part)
-        images.append(batch_lib._row_images(checked, cfg, checked["input_ids"], checked["segment_ids"]))
+        images.append(image_batch.row_images(checked, cfg, checked["input_ids"], checked["segment_ids"]))
     out = {k: np.stack([parts[p][k][r] for p, r in rows]) for k in ("input_ids", "segment_ids", "loss_mask")}
     grids, pixels = [], []
     for p, r in rows:
@@ -160,13 +161,13 @@ def main(argv=None) -> None:
         alternating = [d for group in zip(*by_process) for d in group]
         mesh = sharding.make_mesh((1, len(alternating), 1), devices=alternating)
         shape = (MICROBATCHES, 2 * len(alternating), LENGTH)  # 2 rows per device
-        owners = global_images.row_owners(batch_lib._row_sharding(mesh, sharding.DEFAULT_RULES, shape, 1), shape)
+        owners = global_images.row_owners(batch_lib.row_sharding(mesh, sharding.DEFAULT_RULES, shape, 1), shape)
         report["alternating_owners"] = owners.tolist()
         # A mesh whose batch axes do not span the processes (tensor = all devices): each process's rows
         # would become the same global rows. Refused, for image and text rows alike.
         tensor_only = sharding.make_mesh((1, 1, jax.device_count()))
         try:
-            global_images.row_owners(batch_lib._row_sharding(tensor_only, sharding.DEFAULT_RULES, shape, 1), shape)
+            global_images.row_owners(batch_lib.row_sharding(tensor_only, sharding.DEFAULT_RULES, shape, 1), shape)
         except ValueError as e:
             report["replicated_owners_error"] = str(e)
         try:

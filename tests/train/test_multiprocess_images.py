@@ -20,7 +20,7 @@ import pytest
 from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl import Qwen3VLConfig, tiny
 from rmsweb_jax.train import batch as batch_lib
-from rmsweb_jax.train import global_images
+from rmsweb_jax.train import global_images, image_batch
 from tests.train import multiprocess_worker as worker
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def _parts(step: int) -> list[global_images.ProcessImages]:
     parts = []
     for host in worker.process_batches(CFG, step):
         b = batch_lib.validate_batch(host)
-        images = batch_lib._row_images(b, CFG, b["input_ids"], b["segment_ids"])
+        images = image_batch.row_images(b, CFG, b["input_ids"], b["segment_ids"])
         given = b["pixel_values"].shape[0] if "pixel_values" in b else 0
         parts.append(global_images.local_part(images, len(b["input_ids"]), given, CFG.vision.patch_dim))
     return parts
@@ -82,7 +82,7 @@ def test_gather_in_one_process_returns_the_part_unpadded():
 def test_row_owners_follow_the_sharding():
     mesh = sharding.make_mesh((2, 4, 1))
     shape = (M, 16, 8)
-    owners = global_images.row_owners(batch_lib._row_sharding(mesh, sharding.DEFAULT_RULES, shape, 1), shape)
+    owners = global_images.row_owners(batch_lib.row_sharding(mesh, sharding.DEFAULT_RULES, shape, 1), shape)
     np.testing.assert_array_equal(owners, np.stack([np.zeros(16, int), np.arange(16)], 1))
     assert jax.process_count() == 1
 

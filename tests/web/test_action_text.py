@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rmsweb_jax.web.action_text import PARSE_ERROR_REASONS, ParsedAction, ParseError, format_action, parse_action
-from rmsweb_jax.web.actions import ACTION_NAMES, RELATIVE, Action, ActionError, CoordinateSpace
+from rmsweb_jax.web.actions import ACTION_NAMES, RELATIVE, SCROLL_DIRECTIONS, Action, ActionError, CoordinateSpace
 from rmsweb_jax.web.normalize import KEY_ALIASES
 
 coordinates = st.tuples(st.integers(0, 1000), st.integers(0, 1000))
@@ -176,3 +176,68 @@ def test_invalid_actions_cannot_be_built():
         Action("left_click")
     with pytest.raises(ActionError, match="not one of"):
         Action("teleport")
+
+
+HUGE = 10 ** 400  # beyond float range: math.isfinite(HUGE) raises OverflowError
+
+
+@pytest.mark.parametrize("arguments, reason, fragment", [
+    ({"action": "left_click", "coordinate": [HUGE, 5]}, "coordinate_out_of_range", "far outside"),
+    ({"action": "left_click", "coordinate": [5, -HUGE]}, "coordinate_out_of_range", "far outside"),
+    ({"action": "hover", "coordinate": [HUGE, HUGE]}, "coordinate_out_of_range", "far outside"),
+    ({"action": "type", "text": "a", "coordinate": [HUGE, 1]}, "coordinate_out_of_range", "far outside"),
+    ({"action": "scroll", "direction": "down", "amount": HUGE}, "invalid_argument", "amount"),
+    ({"action": "scroll", "direction": "down", "amount": -HUGE}, "invalid_argument", "amount"),
+    ({"action": "scroll", "direction": "up", "amount": 3, "coordinate": [HUGE, 0]}, "coordinate_out_of_range", ""),
+    ({"action": "wait", "time": HUGE}, "invalid_argument", "time"),
+    ({"action": "wait", "time": -HUGE}, "invalid_argument", "time"),
+])
+def test_integers_beyond_float_range_get_the_documented_reason(arguments, reason, fragment):
+    result = parse_action(call(arguments))
+    assert isinstance(result, ParseError) and result.reason == reason and fragment in result.message, result
+    with pytest.raises(ActionError, match=fragment) as err:
+        Action.from_arguments(arguments)
+    assert err.value.reason == reason
+    with pytest.raises(ActionError, match=fragment):  # the stored form too
+        Action.from_dict({"arguments": arguments, "target": None})
+
+
+@pytest.mark.parametrize("build", [
+    lambda: Action("left_click", coordinate=(HUGE, 1)),
+    lambda: Action.click(1, -HUGE),
+    lambda: Action("scroll", direction="down", amount=HUGE),
+    lambda: Action("wait", seconds=HUGE),
+    lambda: Action.type_text("x", coordinate=(HUGE, HUGE)),
+])
+def test_actions_with_huge_integers_raise_the_documented_value_error(build):
+    with pytest.raises(ActionError) as err:  # an ActionError is the documented ValueError
+        build()
+    assert isinstance(err.value, ValueError) and err.value.reason in ("invalid_argument", "coordinate_out_of_range")
+
+
+huge_ints = st.integers(min_value=-HUGE, max_value=HUGE) | st.sampled_from([HUGE, -HUGE, 2 ** 1024, -(2 ** 1024)])
+odd_numbers = huge_ints | st.floats(allow_nan=True, allow_infinity=True) | st.integers(-5, 2000) | st.booleans()
+odd_values = st.one_of(odd_numbers, st.none(), st.text(max_size=6), st.lists(odd_numbers, max_size=3),
+                       st.tuples(odd_numbers, odd_numbers).map(list), st.sampled_from(SCROLL_DIRECTIONS))
+# The arguments each action takes, so most examples get past the key check to the values.
+TAKES = {"left_click": ["coordinate"], "double_click": ["coordinate"], "hover": ["coordinate"],
+         "type": ["text", "coordinate", "press_enter", "clear"], "key": ["keys"],
+         "scroll": ["direction", "amount", "coordinate"], "go_back": [], "navigate": ["url"], "wait": ["time"],
+         "answer": ["text"]}
+
+
+@st.composite
+def odd_arguments(draw):
+    name = draw(st.sampled_from(ACTION_NAMES))
+    keys = draw(st.lists(st.sampled_from(TAKES[name]), unique=True)) if TAKES[name] else []
+    return {"action": name, **{k: draw(odd_values) for k in keys}}
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(odd_arguments())
+def test_parse_never_reports_internal_error_on_odd_numbers(arguments):
+    check_result(parse_action(call(arguments)))
+    try:
+        Action.from_dict({"arguments": arguments, "target": None})
+    except ActionError:
+        pass  # the documented refusal; anything else (OverflowError, TypeError) fails the test

@@ -32,6 +32,19 @@ def test_host_allowlist():
     assert RequestPolicy().blocked_reason("https://anything.org/") is None  # the open web
 
 
+def test_context_proxy_refuses_all_but_the_allowlist_in_strict_mode():
+    strict = RequestPolicy(allowed_hosts=("example.com", "127.0.0.1:8000"))
+    assert strict.context_proxy() == {
+        "server": "http://127.0.0.1:0",
+        "bypass": "<-loopback>,example.com,*.example.com,127.0.0.1:8000,*.127.0.0.1:8000"}
+    assert RequestPolicy(allowed_hosts=()).context_proxy()["bypass"] == "<-loopback>"  # nothing bypasses
+    # Without sub-resource checks (live sites' CDNs) or on the open web: no proxy.
+    assert RequestPolicy(allowed_hosts=("example.com",), check_subresources=False).context_proxy() is None
+    assert RequestPolicy().context_proxy() is None
+    # An internal error page (a failed load) fetched nothing: not a blocked URL.
+    assert strict.blocked_reason("chrome-error://chromewebdata/") is None
+
+
 def test_file_urls_only_under_the_suite_roots(tmp_path):
     (tmp_path / "suite").mkdir()
     policy = RequestPolicy(allowed_hosts=(), file_roots=(str(tmp_path / "suite"),))

@@ -1,4 +1,6 @@
 """BrowserWorker on real Chromium: observations, actions, and the safety rules."""
+import time
+
 import pytest
 
 from rmsweb_jax.web.actions import RELATIVE, Action
@@ -6,6 +8,9 @@ from rmsweb_jax.web.elements import Element
 from rmsweb_jax.web.worker import EpisodeNotRunning
 
 pytestmark = pytest.mark.browser
+# Upper bound on waiting for a browser event: only reached when the behaviour under test is broken.
+WAIT_S = 30.0
+EVENTS = ("dialogs", "blocked_urls", "refused_downloads", "popups")
 
 
 def find(obs, role: str, name: str) -> Element:
@@ -20,6 +25,25 @@ def click_on(element: Element, obs) -> Action:
 
 def events(loop, worker) -> list:
     return loop.run(worker._guard.active.evaluate("window.events"))
+
+
+def step_until(loop, worker, action, done, what: str):
+    """Returns (observation, seen) once `done(observation, seen)` holds after `action` and then
+    0.2 s waits; `seen` joins every step's dialogs, blocked_urls, refused_downloads, popups and
+    errors (info["error"] when set). Downloads, popups, blocked requests, scrolls and
+    navigations land a moment after the action that caused them, a moment that grows with the
+    machine's load: the test waits for the event, not for a fixed time. Fails after WAIT_S."""
+    seen = {key: [] for key in (*EVENTS, "errors")}
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        obs, _, info = loop.run(worker.step(action))
+        for key in EVENTS:
+            seen[key] += getattr(obs, key)
+        seen["errors"] += [info["error"]] if info["error"] is not None else []
+        if done(obs, seen):
+            return obs, seen
+        assert time.monotonic() < deadline, f"no {what} within {WAIT_S:g} s of the action; saw {seen}"
+        action = Action("wait", seconds=0.2)
 
 
 def test_observation_has_screenshot_elements_and_focus(loop, live_worker, page_task):
@@ -55,8 +79,10 @@ def test_pointer_key_scroll_and_wait_actions(loop, live_worker, page_task):
     obs, _, _ = loop.run(live_worker.step(Action("hover", coordinate=click_on(zone, obs).coordinate)))
     obs, _, info = loop.run(live_worker.step(Action("key", keys=("ctrl", "b"))))
     assert info["target"].keys == "control+b"
-    obs, _, _ = loop.run(live_worker.step(Action("scroll", direction="down", amount=300)))
-    obs, _, _ = loop.run(live_worker.step(Action("wait", seconds=0.2)))
+    # The wheel scrolls the page asynchronously: wait until the buttons have left the view.
+    obs, _ = step_until(loop, live_worker, Action("scroll", direction="down", amount=300),
+                        lambda o, _: not any(e.name == "Beta" for e in o.elements)
+                        and any(e.startswith("scroll:") for e in events(loop, live_worker)), "scroll")
     log = events(loop, live_worker)
     assert log[:4] == ["beta", "beta", "beta-dbl", "hover"], log
     assert "ctrl+b" in log and any(e.startswith("scroll:") for e in log)
@@ -69,8 +95,9 @@ def test_navigation_go_back_and_answer(loop, live_worker, page_task, page_server
     obs, _, info = loop.run(live_worker.step(Action("navigate", url=page_server.url("other.html"))))
     assert info["error"] is None and obs.title == "Other page"
     assert info["target"].url == "http://127.0.0.1:%d/other.html" % page_server.port
-    obs, _, info = loop.run(live_worker.step(Action("go_back")))
-    assert obs.title == "Controls", info
+    # go_back returns once the navigation commits; the old title follows a moment later.
+    obs, seen = step_until(loop, live_worker, Action("go_back"), lambda o, _: o.title == "Controls", "history.back")
+    assert seen["errors"] == []
     obs, done, info = loop.run(live_worker.step(Action.answer_with("  42. ")))
     assert done and info["target"].text == "42" and info["reason"] == "answered"
     with pytest.raises(EpisodeNotRunning):
@@ -85,41 +112,41 @@ def test_navigation_off_the_allowlist_is_blocked(loop, live_worker, page_task, p
     assert obs.title == "Controls"
     # A link to the same page under another host name: the request is blocked and reported,
     # and the worker brings the task page back.
-    obs, _, info = loop.run(live_worker.step(click_on(find(obs, "link", "Off site"), obs)))
-    assert off_url in obs.blocked_urls and "navigation blocked" in info["error"]
+    obs, seen = step_until(loop, live_worker, click_on(find(obs, "link", "Off site"), obs),
+                           lambda o, s: off_url in s["blocked_urls"] and s["errors"], "blocked navigation")
+    assert seen["blocked_urls"] == [off_url] and [e.startswith("navigation blocked") for e in seen["errors"]] == [True]
     assert obs.title == "Controls" and obs.url.endswith("/controls.html")
     # A same-site link still works.
-    obs, _, info = loop.run(live_worker.step(click_on(find(obs, "link", "Same site"), obs)))
-    assert obs.title == "Other page" and not obs.blocked_urls
+    obs, seen = step_until(loop, live_worker, click_on(find(obs, "link", "Same site"), obs),
+                           lambda o, _: o.title == "Other page", "same-site navigation")
+    assert seen["blocked_urls"] == [] and seen["errors"] == []
 
 
 def test_file_urls_are_refused(loop, live_worker, page_task):
     obs = loop.run(live_worker.reset(page_task("controls.html")))
     obs, _, info = loop.run(live_worker.step(Action("navigate", url="file:///etc/hostname")))
     assert "file://" in info["error"] and obs.title == "Controls"
-    obs, _, info = loop.run(live_worker.step(click_on(find(obs, "link", "A local file"), obs)))
-    assert "file:///etc/hostname" in obs.blocked_urls and obs.title == "Controls"
+    obs, seen = step_until(loop, live_worker, click_on(find(obs, "link", "A local file"), obs),
+                           lambda o, s: s["blocked_urls"], "refused file:// link")
+    assert seen["blocked_urls"] == ["file:///etc/hostname"] and obs.title == "Controls"
 
 
 def test_dialogs_downloads_and_popups(loop, live_worker, page_task):
     obs = loop.run(live_worker.reset(page_task("controls.html")))
-    obs, _, info = loop.run(live_worker.step(click_on(find(obs, "button", "Alert"), obs)))
-    assert obs.dialogs == ("alert: hello from the page",) and info["error"] is None
+    obs, seen = step_until(loop, live_worker, click_on(find(obs, "button", "Alert"), obs),
+                           lambda o, s: s["dialogs"], "dialog")
+    assert seen["dialogs"] == ["alert: hello from the page"] and seen["errors"] == []
     obs, _, _ = loop.run(live_worker.step(Action("wait", seconds=0.1)))
     assert obs.dialogs == ()  # reported once
 
-    obs, _, _ = loop.run(live_worker.step(click_on(find(obs, "link", "Download"), obs)))
-    if not obs.refused_downloads:  # the download event can trail the click by a moment
-        obs, _, _ = loop.run(live_worker.step(Action("wait", seconds=0.3)))
-    assert obs.refused_downloads == ("data:text/plain,hello",)
+    obs, seen = step_until(loop, live_worker, click_on(find(obs, "link", "Download"), obs),
+                           lambda o, s: s["refused_downloads"], "refused download")
+    assert seen["refused_downloads"] == ["data:text/plain,hello"]
     assert obs.title == "Controls"
 
-    obs, _, _ = loop.run(live_worker.step(click_on(find(obs, "link", "Popup"), obs)))
-    popups = obs.popups
-    if obs.title != "Other page":
-        obs, _, _ = loop.run(live_worker.step(Action("wait", seconds=0.5)))
-        popups += obs.popups
-    assert len(popups) == 1 and obs.title == "Other page"  # the popup is the active page now
+    obs, seen = step_until(loop, live_worker, click_on(find(obs, "link", "Popup"), obs),
+                           lambda o, s: s["popups"] and o.title == "Other page", "popup")
+    assert len(seen["popups"]) == 1 and obs.title == "Other page"  # the popup is the active page now
     assert len(live_worker._guard.pages) == 2
     # The next episode starts on a single page again.
     obs = loop.run(live_worker.reset(page_task("controls.html")))

@@ -244,6 +244,8 @@ def to_hf(model: Qwen3VL, out_dir: str | os.PathLike, *, dtype=None, max_shard_b
 
     The directory is written to a temporary sibling and renamed at the end, so a crash never leaves a
     half-written checkpoint under `out_dir`. Only process 0 writes; all processes take part in gathers.
+    The checkpoint gets the umask's permissions (not the temporary directory's 0700), so a serving
+    container or a colleague can read it.
     """
     out_dir = pathlib.Path(out_dir)
     config = model.config
@@ -271,6 +273,7 @@ def to_hf(model: Qwen3VL, out_dir: str | os.PathLike, *, dtype=None, max_shard_b
             for fname in TOKENIZER_FILES:
                 if (pathlib.Path(source) / fname).is_file():
                     shutil.copy2(pathlib.Path(source) / fname, tmp / fname)
+        _apply_umask(tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
@@ -278,6 +281,28 @@ def to_hf(model: Qwen3VL, out_dir: str | os.PathLike, *, dtype=None, max_shard_b
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _apply_umask(folder: pathlib.Path) -> None:
+    """Gives `folder` and its files the permissions a plain mkdir / open would (mkdtemp makes 0700, copy2
+    keeps the source's mode)."""
+    mask = _umask()
+    folder.chmod(0o777 & ~mask)
+    for path in folder.iterdir():
+        path.chmod(0o666 & ~mask)
+
+
+def _umask() -> int:
+    """Returns the process umask without changing it (Linux reports it in /proc; elsewhere set and reset)."""
+    try:
+        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _gather(x: jax.Array) -> np.ndarray:

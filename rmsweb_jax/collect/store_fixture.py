@@ -1,10 +1,19 @@
-"""A deterministic synthetic trajectory store, written through the real StoreWriter (tests, benches).
+"""Deterministic synthetic task groups and stores, written through the real StoreWriter (tests, benches).
 
-Each task group is a small form page drawn as a real PNG screenshot (a text box and buttons whose
-boxes match the stored element list); its successful attempt types a word into the box, clicks
-the button named in the instruction and answers, each step's action resolved to its semantic
-target against the elements as a collection would. Some groups first fail an attempt (clicking the
-wrong button), so the store holds failed attempts and reflections that SFT must leave out.
+Two shapes, both with real PNG screenshots and actions resolved to their semantic targets against
+the stored elements, as a collection would store them:
+
+- `retry_group` / `click_step`: a small page with a Submit button; a group fails attempts (each
+  reflecting on the ones before) until the attempt it is solved at (store, report, adapter tests).
+- `task_group` / `write_synthetic_store`: form pages shaped like the demo's store (SFT pipelines
+  and stages).
+
+For `write_synthetic_store`, each task group is a small form page drawn as a real PNG screenshot
+(a text box and buttons whose boxes match the stored element list); its successful attempt types
+a word into the box, clicks the button named in the instruction and answers, each step's action
+resolved to its semantic target against the elements as a collection would. Some groups first
+fail an attempt (clicking the wrong button), so the store holds failed attempts and reflections
+that SFT must leave out.
 Nothing here is a collection result: it is shaped like the demo's store so pipelines and stages
 can be exercised without a browser.
 """
@@ -23,6 +32,74 @@ from rmsweb_jax.web.actions import RELATIVE, Action
 from rmsweb_jax.web.elements import BBox, Element
 from rmsweb_jax.web.semantics import resolve_target
 
+# --- retry groups: failures until the solving attempt ----------------------------------------
+SMALL_VIEWPORT = (160, 120)
+SUBMIT_PAGE = (Element(id=1, role="button", name="Submit", bbox=BBox(10, 60, 80, 30), focusable=True, z=2),
+               Element(id=2, role="textbox", name="", bbox=BBox(10, 30, 120, 20), value="hi", focusable=True, z=2))
+
+
+def label_screenshot(label: str) -> bytes:
+    """Returns a small PNG (SMALL_VIEWPORT) with `label` drawn on it (each step's image differs)."""
+    img = Image.new("RGB", SMALL_VIEWPORT, "white")
+    draw = ImageDraw.Draw(img)
+    draw.rectangle([10, 60, 90, 90], fill=(30, 140, 60))
+    draw.text((14, 10), label, fill="black")
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def click_step(task_id: str, seed: int, attempt: int, i: int, *, parse_error: bool = False,
+               label: str = "") -> StepRecord:
+    """Returns step `i` of an attempt on SUBMIT_PAGE: a click on Submit (or an unparseable turn run as wait)."""
+    rid = request_id(task_id, seed, attempt)
+    if parse_error:
+        thought, action_text, action = "I will click", "<tool_call>{oops", Action("wait", seconds=0.0)
+        text = f"{thought} {action_text}"
+    else:
+        action = Action.click(312, 625)
+        thought = f"step {i}: click Submit"
+        text, action_text = format_action(action, thought), format_action(action)
+    action = action.with_target(resolve_target(action, SUBMIT_PAGE, viewport=SMALL_VIEWPORT))
+    return StepRecord(task_id=task_id, seed=seed, attempt=attempt, request_id=rid, step=i,
+                      instruction=f"Solve {task_id}", screenshot=label_screenshot(label or f"{rid}/{i}"),
+                      url=f"http://127.0.0.1/{task_id}.html", title=task_id,
+                      viewport=SMALL_VIEWPORT, screenshot_size=SMALL_VIEWPORT, coordinates="relative",
+                      elements=SUBMIT_PAGE, focused_id=2, last_error=None, text=text, thought=thought,
+                      action_text=action_text, action=action, parse_error="invalid_json: oops" if parse_error else None,
+                      exec_error=None, prompt_tokens=100 + i, completion_tokens=10 + i)
+
+
+def retry_group(task_id: str, seed: int, *, solved_at: int | None, attempts: int = 3, steps: int = 2,
+                parse_error_at: tuple[int, int] | None = None,
+                policy: str = "teacher") -> list[tuple[TrajectoryRecord, list[StepRecord]]]:
+    """Returns the attempts of one task group: failures (raw reward -1) until `solved_at` (reward
+    1; None: `attempts` failures), each reflecting on the ones before, judged "programmatic". A
+    failed attempt takes `steps + 1` steps, the solving one `steps`. `parse_error_at` = (attempt,
+    step) of an unparseable turn; `policy` names the policy on every attempt."""
+    last = solved_at if solved_at is not None else attempts
+    out, reflections = [], ()
+    for a in range(1, last + 1):
+        success = a == solved_at
+        n = steps + (1 if not success else 0)
+        recs = [click_step(task_id, seed, a, i, parse_error=parse_error_at == (a, i)) for i in range(n)]
+        verdict = Verdict(outcome="success" if success else "failure", reason="reward", score=1.0 if success else -1.0,
+                          judge="programmatic")
+        traj = TrajectoryRecord(
+            task_id=task_id, seed=seed, attempt=a, request_id=request_id(task_id, seed, a),
+            task={"suite": "test", "id": task_id}, instruction=f"Solve {task_id}", reflections=reflections,
+            verdict=verdict, success=success, reward=1.0 if success else -1.0, suite_success=success, num_steps=n,
+            status="complete", end_reason="done", done=True, truncated=False, final_url="http://127.0.0.1/x",
+            final_screenshot=label_screenshot("final"), wall_s=0.5, finished_at=1.0e9 + a, policy=policy,
+            judge="programmatic", prompt_tokens=sum(r.prompt_tokens for r in recs),
+            completion_tokens=sum(r.completion_tokens for r in recs),
+            parse_errors=sum(r.parse_error is not None for r in recs))
+        out.append((traj, recs))
+        reflections = (*reflections, f"reflection after attempt {a} of {task_id}")
+    return out
+
+
+# --- form pages shaped like the demo's store ---------------------------------------------------
 WORDS = ("alpha", "bravo", "delta", "kilo", "lima", "oscar", "tango", "zulu")
 BUTTONS = ("Submit", "Cancel", "Next", "Back")
 

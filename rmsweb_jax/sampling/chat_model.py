@@ -6,6 +6,7 @@ both call, so a checkpoint answers the same way in-process and over HTTP.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import pathlib
 import threading
@@ -19,6 +20,9 @@ from rmsweb_jax.processing.image import ImageProcessorConfig
 from rmsweb_jax.sampling.sampler import DEFAULT_LENGTH_BUCKETS, Sampler, SamplingParams
 
 FINISH_REASONS = ("stop", "length")
+# Bytes hashed from each end of every weight file: the safetensors header (names, shapes, offsets)
+# and the first and last tensors' values, so a fine-tuned copy of the same shapes differs.
+_FINGERPRINT_BYTES = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +62,9 @@ class ChatModel:
     grouped by length into batches of at most `max_batch` (padded with one-token dummy rows to a
     power of two, so few batch shapes compile), and sampled until a stop token (the checkpoint's
     `<|im_end|>` / eos ids, plus the request's) or `max_new_tokens`.
+
+    `name` identifies the weights (policy names in the trajectory store, the served model id):
+    `load` sets it to checkpoint_name(checkpoint dir); give one when building from a model in memory.
     """
 
     def __init__(self, model, tokenizer, *, name: str = "rmsweb", image_config: ImageProcessorConfig | None = None,
@@ -87,27 +94,30 @@ class ChatModel:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.stop_token_ids[0])
         self._sampler = Sampler(model, pad_id=self.pad_id, length_buckets=length_buckets, patch_bucket=patch_bucket)
+        # The longest prompt complete() takes (its largest length bucket); servers check it up front.
+        self.max_prompt_tokens = int(self._sampler.length_buckets[-1])
         self._lock = threading.Lock()
         self._closed = False
 
     @classmethod
     def load(cls, spec: str, workdir: str | pathlib.Path, *, config: ml_collections.ConfigDict | None = None,
              **kw) -> "ChatModel":
-        """Returns the chat model of `spec` ('hf:/path' or 'random:tiny', as models/loading.py reads it).
+        """Returns the chat model of `spec` ('hf:/path' or 'random:tiny', as sampling/model_from_config.py reads it).
 
         `config` is the run's config (its model dtypes, mesh and sharding rules are used; `spec`
         replaces config.model.init); without one the model loads float32 on a single device. The
         checkpoint's preprocessor_config.json and generation_config.json set the image config and
         stop tokens unless `image_config` / `stop_token_ids` are given.
         """
-        from rmsweb_jax.models.loading import load_model  # heavy (jax, safetensors); only loaders pay
-        from rmsweb_jax.processing.prompts import load_tokenizer
+        from rmsweb_jax.sampling.model_from_config import load_model  # heavy (jax, safetensors); only loaders pay
+        from rmsweb_jax.processing.prompt_tokens import load_tokenizer
 
         cfg = _loading_config(spec, config)
         model, checkpoint_dir = load_model(cfg, pathlib.Path(workdir))
         tokenizer = load_tokenizer(checkpoint_dir)
         kw.setdefault("image_config", image_config_from_checkpoint(checkpoint_dir))
         kw.setdefault("stop_token_ids", default_stop_token_ids(tokenizer, checkpoint_dir))
+        kw.setdefault("name", checkpoint_name(checkpoint_dir))
         return cls(model, tokenizer, **kw)
 
     def encode(self, conversation: Sequence[dict]) -> EncodedChat:
@@ -185,6 +195,29 @@ class ChatModel:
             self.model = None
 
 
+def checkpoint_name(checkpoint_dir: str | pathlib.Path) -> str:
+    """Returns "<folder name>@<10 hex digits>" naming an HF checkpoint folder's weights: a sha256 of
+    config.json, the weight index (if any), and each *.safetensors file's name, size and first and
+    last MiB. Two folders with other weights get other names, however the folders are called."""
+    path = pathlib.Path(checkpoint_dir)
+    config = path / "config.json"
+    weights = sorted(path.glob("*.safetensors"))
+    if not config.is_file() or not weights:
+        raise FileNotFoundError(f"{path} is not an HF checkpoint folder: expected config.json and *.safetensors")
+    digest = hashlib.sha256(config.read_bytes())
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        digest.update(index.read_bytes())
+    for file in weights:
+        size = file.stat().st_size
+        digest.update(f"{file.name}:{size}".encode())
+        with open(file, "rb") as f:
+            digest.update(f.read(_FINGERPRINT_BYTES))
+            f.seek(max(size - _FINGERPRINT_BYTES, 0))
+            digest.update(f.read(_FINGERPRINT_BYTES))
+    return f"{path.resolve().name}@{digest.hexdigest()[:10]}"
+
+
 def default_stop_token_ids(tokenizer, checkpoint_dir: str | pathlib.Path | None = None) -> tuple[int, ...]:
     """Returns the ids that end an assistant turn: `<|im_end|>`, the tokenizer's eos, and the eos ids
     of the checkpoint's generation_config.json (Qwen3-VL lists `<|im_end|>` and `<|endoftext|>`)."""
@@ -230,14 +263,16 @@ def image_config_from_checkpoint(checkpoint_dir: str | pathlib.Path) -> ImagePro
 
 
 def _loading_config(spec: str, config: ml_collections.ConfigDict | None) -> ml_collections.ConfigDict:
-    """Returns a config for models/loading.py: the run's, or float32 on one device, with model.init = spec."""
+    """Returns a config for sampling/model_from_config.py: the run's, or float32 on one device, with model.init = spec."""
     if config is not None:
         cfg = ml_collections.ConfigDict(config.to_dict())
     else:
         cfg = ml_collections.ConfigDict()
         cfg.seed = 0
         cfg.model = ml_collections.ConfigDict(dict(param_dtype="float32", compute_dtype="float32",
-                                                   remat_policy="none", attention_impl="auto"))
+                                                   remat_policy="none", attention_impl="auto", scan_layers=True,
+                                                   decode_layout="auto"))
         cfg.mesh = ml_collections.ConfigDict(dict(shape=(1, 1, 1)))
+        cfg.sharding_rules = None  # one device: the rules place nothing (None = models.sharding.DEFAULT_RULES)
     cfg.model.init = spec
     return cfg

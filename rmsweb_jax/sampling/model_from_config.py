@@ -1,4 +1,7 @@
-"""The policy model a stage starts from, as the config says: an HF checkpoint or a random preset."""
+"""The policy model a stage starts from, as the config says: an HF checkpoint or a random preset.
+
+Above `models/`: a random preset is written to disk with a tokenizer (`processing/`) first, so that
+the demo loads through the same `from_hf` path as a real checkpoint."""
 from __future__ import annotations
 
 import pathlib
@@ -6,16 +9,10 @@ import pathlib
 import jax.numpy as jnp
 from absl import logging
 
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import qwen3_vl
-from rmsweb_jax.models.mesh_config import mesh_from_config, rules_from_config
-
-
-def runtime_from_config(model_cfg) -> qwen3_vl.RuntimeOptions:
-    """Returns RuntimeOptions from config.model (dtypes, remat, attention kernel, layer scan, decode layout)."""
-    return qwen3_vl.RuntimeOptions(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
-                                   remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
-                                   scan_layers=model_cfg.get("scan_layers", True),
-                                   decode_layout=model_cfg.get("decode_layout", "auto"))
+from rmsweb_jax.models.from_config import mesh_from_config, rules_from_config, runtime_from_config
+from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
 
 
 def load_model(config, workdir: pathlib.Path) -> tuple[qwen3_vl.Qwen3VL, pathlib.Path]:
@@ -29,6 +26,9 @@ def load_model(config, workdir: pathlib.Path) -> tuple[qwen3_vl.Qwen3VL, pathlib
     runtime = runtime_from_config(config.model)
     if init.startswith("hf:"):
         path = pathlib.Path(init[3:]).expanduser()
+        if not (path / "config.json").is_file():
+            raise UserError(f"model checkpoint {init!r}: {path} holds no config.json; expected an HF Qwen3-VL "
+                            "checkpoint folder (config.json, *.safetensors, tokenizer files) or 'random:tiny'")
         logging.info("loading HF checkpoint %s", path)
         return qwen3_vl.from_hf(path, mesh=mesh, runtime=runtime, rules=rules), path
     if init.startswith("random:"):
@@ -37,14 +37,13 @@ def load_model(config, workdir: pathlib.Path) -> tuple[qwen3_vl.Qwen3VL, pathlib
         if not (path / "config.json").is_file():
             _write_random_checkpoint(name, path, config.seed)
         return qwen3_vl.from_hf(path, mesh=mesh, runtime=runtime, rules=rules), path
-    raise ValueError(f"config.model.init = {init!r}: expected 'hf:/path/to/checkpoint' or 'random:<preset>'")
+    raise UserError(f"config.model.init = {init!r}: expected 'hf:/path/to/checkpoint' or 'random:<preset>'")
 
 
 def _write_random_checkpoint(name: str, path: pathlib.Path, seed: int) -> None:
     if name != "tiny":
-        raise ValueError(f"random init writes a checkpoint to disk; only 'random:tiny' is supported, got {name!r} "
+        raise UserError(f"random init writes a checkpoint to disk; only 'random:tiny' is supported, got {name!r} "
                          "(for 8B/32B use hf:/path)")
-    from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(path.name + ".tokenizer")
     ids = build_tiny_tokenizer(staging)

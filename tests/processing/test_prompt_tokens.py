@@ -1,10 +1,10 @@
-"""rmsweb_jax.processing.prompts against transformers' Qwen3VLProcessor and tokenizer padding."""
+"""rmsweb_jax.processing.prompt_tokens against transformers' Qwen3VLProcessor and tokenizer padding."""
 import numpy as np
 import pytest
 from PIL import Image
 
 from rmsweb_jax.processing.image import preprocess_images
-from rmsweb_jax.processing.prompts import batch_left_pad, encode_multimodal, load_tokenizer
+from rmsweb_jax.processing.prompt_tokens import batch_left_pad, encode_multimodal, load_tokenizer
 
 
 def _images(sizes):

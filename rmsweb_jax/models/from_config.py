@@ -1,0 +1,39 @@
+"""Model-level settings from the config: the mesh (`config.mesh.shape`), the sharding rules
+(`config.sharding_rules`) and the runtime options (`config.model`)."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from rmsweb_jax.models import qwen3_vl, sharding
+
+
+def mesh_from_config(config) -> jax.sharding.Mesh | None:
+    """Returns the ('data','fsdp','tensor') mesh of `config.mesh.shape` (-1 = all remaining devices), or None."""
+    shape = list(config.mesh.shape)
+    if len(shape) != 3:
+        raise ValueError(f"config.mesh.shape must have 3 entries (data, fsdp, tensor), got {tuple(shape)}")
+    n = jax.device_count()
+    if shape.count(-1) > 1:
+        raise ValueError(f"config.mesh.shape {tuple(shape)}: at most one -1")
+    if -1 in shape:
+        known = int(np.prod([s for s in shape if s != -1]))
+        if n % known:
+            raise ValueError(f"config.mesh.shape {tuple(shape)}: {n} devices are not divisible by {known}")
+        shape[shape.index(-1)] = n // known
+    if int(np.prod(shape)) == 1:
+        return None
+    return sharding.make_mesh(shape)
+
+
+def rules_from_config(config):
+    """Returns the logical-axis rules table of `config.sharding_rules` (configs/common.py: DEFAULT_RULES)."""
+    return sharding.rules_from_config(config.sharding_rules)
+
+
+def runtime_from_config(model_cfg) -> qwen3_vl.RuntimeOptions:
+    """Returns RuntimeOptions from config.model (dtypes, remat, attention kernel, layer scan, decode layout);
+    every field comes from the config (configs/common.py holds the defaults)."""
+    return qwen3_vl.RuntimeOptions(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
+                                   remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
+                                   scan_layers=model_cfg.scan_layers, decode_layout=model_cfg.decode_layout)

@@ -42,30 +42,37 @@ def elements_from_cdp(ax_nodes: Sequence[Mapping[str, Any]], snapshot: Mapping[s
     `Accessibility.getFullAXTree` node list and a `DOMSnapshot.captureSnapshot` result.
 
     An element is a non-ignored node with a box inside the viewport that is interactive or has
-    a name; text that only repeats the name of the element it sits in is left out.
+    a name; text that only repeats the name of the element it sits in is left out. Native
+    <label>s are kept as "LabelText" elements owned by the control they label, even when
+    Chromium ignores them (it does once their text has become the control's name), so that a
+    click on a label resolves to its control.
     """
     boxes = layout_boxes(snapshot)
     vw, vh = viewport
     by_ax_id = {n["nodeId"]: n for n in ax_nodes}
+    labels = _native_labels(ax_nodes)
     candidates: dict[str, Element] = {}
     focused_ax = None
     for node in ax_nodes:
-        if node.get("ignored"):
+        backend = node.get("backendDOMNodeId")
+        label = labels.get(backend) if backend is not None else None
+        if node.get("ignored") and label is None:
             continue
         props = {p["name"]: p.get("value", {}).get("value") for p in node.get("properties") or ()}
-        role = _value(node.get("role"))
+        role = "LabelText" if label is not None else _value(node.get("role"))
         if props.get("focused") and role not in ("RootWebArea", "WebArea"):
             focused_ax = node["nodeId"]
-        backend = node.get("backendDOMNodeId")
         if backend is None or role in _SKIP_ROLES or backend not in boxes:
             continue
         box, z = boxes[backend]
         if box.area <= 0 or box.x >= vw or box.y >= vh or box.x + box.width <= 0 or box.y + box.height <= 0:
             continue
-        name = str(_value(node.get("name")) or "")
+        name = str(_value(node.get("name")) or (label[1].strip() if label is not None else ""))
+        url = str(props.get("url") or "") if role == "link" else ""
         element = Element(id=int(backend), role=str(role), name=name, bbox=box,
-                          value=str(_value(node.get("value")) or ""), focusable=bool(props.get("focusable")), z=int(z))
-        if element.interactive or name.strip():
+                          value=str(_value(node.get("value")) or ""),
+                          focusable=bool(props.get("focusable")), z=int(z), url=url)
+        if element.interactive or name.strip() or label is not None:
             candidates[node["nodeId"]] = element
 
     elements = []
@@ -73,22 +80,46 @@ def elements_from_cdp(ax_nodes: Sequence[Mapping[str, Any]], snapshot: Mapping[s
         element = candidates.get(ax_id)
         if element is None:
             continue
-        owner, container = None, None
+        owner, container = labels.get(element.id, (None,))[0], None
         parent = by_ax_id.get(ax_id, {}).get("parentId")
         while parent is not None and (owner is None or container is None):
             if parent in candidates:
                 container = container or candidates[parent]
                 if owner is None and candidates[parent].interactive:
-                    owner = candidates[parent]
+                    owner = candidates[parent].id
+            parent_backend = by_ax_id.get(parent, {}).get("backendDOMNodeId")
+            if owner is None and labels.get(parent_backend, (element.id,))[0] != element.id:
+                owner = labels[parent_backend][0]  # text inside a label acts on its control
             parent = by_ax_id.get(parent, {}).get("parentId")
         if (element.role == "StaticText" and container is not None
                 and normalize_text(container.name) == normalize_text(element.name)):
             continue
         if owner is not None:
-            element = dataclasses.replace(element, owner=owner.id)
+            element = dataclasses.replace(element, owner=owner)
         elements.append(element)
     focused = candidates.get(focused_ax) if focused_ax is not None else None
     return tuple(elements), (focused.id if focused is not None else None)
+
+
+def _native_labels(ax_nodes: Sequence[Mapping[str, Any]]) -> dict[int, tuple[int, str]]:
+    """Returns label backend node id -> (backend id of the control it labels, label text) for
+    every native <label> (`for=` or wrapping) named in a control's name sources.
+
+    aria-labelledby is left out on purpose: clicking such a "label" does not activate the control.
+    A source superseded by aria-label still counts (the browser still forwards the click).
+    """
+    labels: dict[int, tuple[int, str]] = {}
+    for node in ax_nodes:
+        control = node.get("backendDOMNodeId")
+        if node.get("ignored") or control is None:
+            continue
+        for source in (node.get("name") or {}).get("sources") or ():
+            if source.get("nativeSource") not in ("labelfor", "labelwrapped"):
+                continue
+            for related in (source.get("nativeSourceValue") or {}).get("relatedNodes") or ():
+                if related.get("backendDOMNodeId") is not None:
+                    labels.setdefault(int(related["backendDOMNodeId"]), (int(control), str(related.get("text") or "")))
+    return labels
 
 
 def _document_order(ax_nodes: Sequence[Mapping[str, Any]]) -> list[str]:

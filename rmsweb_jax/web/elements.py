@@ -70,7 +70,10 @@ class Element:
 
     `id` is Chromium's backend DOM node id: stable while the page lives, not across reloads.
     `z` is Chromium's paint order (higher is painted later, i.e. on top). `owner` is the id of
-    the nearest interactive ancestor (the button a label sits in), or None.
+    the control a click on this element acts on: its nearest interactive ancestor (the button a
+    label sits in), or for a native <label> and the text in it, the control it labels (the
+    checkbox of `<label for=...>`), or None. `url` is a link's resolved destination ("" for
+    anything else).
     """
 
     id: int
@@ -81,6 +84,7 @@ class Element:
     focusable: bool = False
     z: int = 0
     owner: int | None = None
+    url: str = ""
 
     @property
     def interactive(self) -> bool:
@@ -90,14 +94,14 @@ class Element:
     def to_dict(self) -> dict[str, Any]:
         """Returns a JSON-ready dict."""
         return {"id": self.id, "role": self.role, "name": self.name, "bbox": self.bbox.to_list(),
-                "value": self.value, "focusable": self.focusable, "z": self.z, "owner": self.owner}
+                "value": self.value, "focusable": self.focusable, "z": self.z, "owner": self.owner, "url": self.url}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Element":
         """Returns the element stored by `to_dict`; raises KeyError naming a missing key."""
         return cls(id=int(d["id"]), role=str(d["role"]), name=str(d["name"]), bbox=BBox.from_list(d["bbox"]),
                    value=str(d.get("value", "")), focusable=bool(d.get("focusable", False)), z=int(d.get("z", 0)),
-                   owner=None if d.get("owner") is None else int(d["owner"]))
+                   owner=None if d.get("owner") is None else int(d["owner"]), url=str(d.get("url", "")))
 
 
 def element_at(elements: Sequence[Element], x: float, y: float) -> Element | None:
@@ -106,7 +110,9 @@ def element_at(elements: Sequence[Element], x: float, y: float) -> Element | Non
     The element painted on top at the point (the smallest one among equals) is the one hit; when
     that is text or an icon inside a control, the control is returned instead (its `owner`, or
     an interactive element painted at the same level). So a click on a button's label and a click
-    on its padding both land on the button, and a dialog's button wins over the button it covers.
+    on its padding both land on the button, a click on a checkbox's <label> lands on the checkbox
+    (wherever it is: the browser forwards the click), and a dialog's button wins over the button
+    it covers.
     """
     hits = [e for e in elements if e.bbox.contains(x, y)]
     if not hits:
@@ -114,7 +120,7 @@ def element_at(elements: Sequence[Element], x: float, y: float) -> Element | Non
     top = min(hits, key=lambda e: (-e.z, e.bbox.area))
     if top.interactive:
         return top
-    owner = element_by_id(hits, top.owner)
+    owner = element_by_id(elements, top.owner)
     if owner is not None:
         return owner
     level = [e for e in hits if e.interactive and e.z == top.z]

@@ -133,3 +133,36 @@ def test_same_action_on_a_real_page(loop, live_worker, page_task):
     assert same_action(a_left, a_right, stored) and not same_action(a_right, neighbour, stored)
     assert resolve_on(a_bold, stored).target.element.id == alpha.id
     assert resolve_on(neighbour, stored).target.element.id == beta.id
+
+
+def test_elements_from_cdp_keeps_native_labels_owned_by_their_control():
+    # Chromium ignores a <label for> whose text became the checkbox's name; aria-labelledby text is no label.
+    def label_source(kind, label_id, text):
+        return {"value": text, "sources": [{"type": "relatedElement", "nativeSource": kind, "nativeSourceValue": {
+            "type": "nodeList", "relatedNodes": [{"backendDOMNodeId": label_id, "text": text}]}}]}
+    ax = [
+        {"nodeId": "1", "role": {"value": "RootWebArea"}, "name": {"value": ""}, "backendDOMNodeId": 1,
+         "childIds": ["2", "3", "4", "6", "8"]},
+        {"nodeId": "2", "parentId": "1", "role": {"value": "checkbox"}, "name": label_source("labelfor", 3, "Remember"),
+         "backendDOMNodeId": 2, "properties": [{"name": "focusable", "value": {"value": True}}]},
+        {"nodeId": "3", "parentId": "1", "ignored": True, "role": {"value": "none"}, "backendDOMNodeId": 3},
+        {"nodeId": "4", "parentId": "1", "role": {"value": "LabelText"}, "name": {"value": ""}, "backendDOMNodeId": 4,
+         "childIds": ["5", "9"]},
+        {"nodeId": "5", "parentId": "4", "role": {"value": "radio"}, "name": label_source("labelwrapped", 4, " Large"),
+         "backendDOMNodeId": 5},
+        {"nodeId": "9", "parentId": "4", "role": {"value": "StaticText"}, "name": {"value": " Large"}, "backendDOMNodeId": 9},
+        {"nodeId": "6", "parentId": "1", "role": {"value": "StaticText"}, "name": {"value": "News"}, "backendDOMNodeId": 6},
+        {"nodeId": "8", "parentId": "1", "role": {"value": "link"}, "name": {"value": "Home"}, "backendDOMNodeId": 8,
+         "properties": [{"name": "url", "value": {"value": "http://x/home"}}]},
+    ]
+    ids = [1, 2, 3, 4, 5, 9, 6, 8]
+    bounds = [[0, 0, 800, 600], [0, 0, 13, 13], [20, 0, 60, 17], [0, 30, 90, 17], [2, 32, 13, 13], [20, 30, 70, 17],
+              [0, 60, 40, 17], [0, 90, 40, 17]]
+    snapshot = {"documents": [{"nodes": {"backendNodeId": ids},
+                               "layout": {"nodeIndex": list(range(len(ids))), "bounds": bounds}}]}
+    elements, _ = elements_from_cdp(ax, snapshot, (800, 600))
+    got = {e.id: (e.role, e.name, e.owner, e.url) for e in elements}
+    assert got == {2: ("checkbox", "Remember", None, ""), 3: ("LabelText", "Remember", 2, ""),
+                   4: ("LabelText", "Large", 5, ""), 5: ("radio", " Large", None, ""),
+                   6: ("StaticText", "News", None, ""), 8: ("link", "Home", None, "http://x/home")}
+    assert element_at(elements, 50, 8).id == 2 and element_at(elements, 60, 38).id == 5

@@ -58,6 +58,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.collect.max_steps = 15              # click-checkboxes-large needs up to 12 moves; live tasks want ~30
     c.collect.episode_time_limit_s = 0.0  # MiniWoB++'s in-page time limit; 0 = none
     c.collect.step_timeout_s = 15.0
+    c.collect.pool_max_attempts = 3      # runs of an episode the browser pool makes when browsers crash
+    c.collect.fault_reruns = 1           # then whole reruns of the attempt (same attempt number, never a retry)
     c.collect.viewport = (1280, 720)      # live suites' browser viewport (MiniWoB++ pages set their own)
     c.collect.extra_hosts = ""            # live suites: comma-separated hosts added to every task's allowlist
     c.collect.policy = "teacher"          # teacher (miniwob only) | flax:<model spec> | http:<base_url>#<model>;

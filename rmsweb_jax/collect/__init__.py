@@ -2,6 +2,10 @@
 
 - records.py: StepRecord / TrajectoryRecord (msgpack, versioned schema documented there)
 - store.py: TrajectoryStore (reader) and StoreWriter (crash-safe ArrayRecord shards)
+- store_layout.py: file names, store.json, per-flush markers (counts, sizes, sha256), damage detection
+- store_check.py: `python -m rmsweb_jax.collect.store --check/--repair DIR` (quarantines damaged flushes)
+- store_provenance.py: the prompt / tokenizer / image settings a store's steps were produced with
+- store_fixture.py: a deterministic synthetic store and task groups (tests, benches)
 - sft_view.py: SFTView, the successful steps as a Grain source (reflection-free)
 - adapter.py: PolicyBridge, the pool's per-episode policy over a batched Policy.act
 - retries.py: RetryCollector, the retry loop

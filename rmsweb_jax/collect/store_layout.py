@@ -30,6 +30,7 @@ from typing import Any
 from array_record.python.array_record_module import ArrayRecordReader
 
 from rmsweb_jax.collect.records import SCHEMA_VERSION, TrajectoryRecord
+from rmsweb_jax.durable import fsync_dir
 from rmsweb_jax.errors import UserError
 
 STORE_FILE = "store.json"
@@ -322,12 +323,3 @@ def write_atomic(path: pathlib.Path, data: bytes) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
-
-
-def fsync_dir(directory: pathlib.Path) -> None:
-    """Makes the renames in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

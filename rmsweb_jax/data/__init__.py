@@ -3,5 +3,4 @@
 - sft.py: SFT examples (reflection-free successful steps) -> prompts -> tokens, loss mask, image
   patches -> batches; held-out split by task group; per-host sharding; resumable `SFTBatches`
 - batching.py: fixed-shape batches by length bucketing or packing with segment ids (Grain IterDatasets)
-- synthetic.py: a deterministic demo-shaped store written through the real StoreWriter (tests, benches)
 """

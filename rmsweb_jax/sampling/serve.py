@@ -280,7 +280,9 @@ def main(argv) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     flags = absl_flags.FLAGS
     workdir = pathlib.Path(flags.workdir or tempfile.mkdtemp(prefix="rmsweb-serve-"))
-    model = ChatModel.load(flags.checkpoint, workdir)
+    # The model id clients send: the checkpoint's own name (folder@hash of its weights) unless given.
+    model = ChatModel.load(flags.checkpoint, workdir, **({"name": flags.served_model_name}
+                                                       if flags.served_model_name else {}))
     server = ChatServer(model, host=flags.host, port=flags.port, api_key=flags.api_key or None,
                         max_body_bytes=flags.max_body_mib * MiB, max_tokens_limit=flags.max_tokens_limit,
                         max_batch=flags.max_batch, batch_window_s=flags.batch_window_s,
@@ -307,6 +309,8 @@ def define_flags() -> None:
     flags.DEFINE_string("host", "127.0.0.1", "Address to bind (127.0.0.1 keeps it off the network).")
     flags.DEFINE_integer("port", 8000, "Port to bind (0: any free port).")
     flags.DEFINE_string("api_key", None, "If set, requests must send 'Authorization: Bearer <key>'.")
+    flags.DEFINE_string("served_model_name", "", "Model id clients send in requests (\"\" = the checkpoint's "
+                        "name, <folder>@<hash of its weights>, printed at start).")
     flags.DEFINE_string("workdir", None, "Where random:tiny writes its checkpoint (default: a temp dir).")
     flags.DEFINE_integer("max_batch", 8, "Most requests batched into one generation.")
     flags.DEFINE_float("batch_window_s", 0.01, "How long to wait for more requests to batch.")

@@ -301,7 +301,7 @@ def run(config, workdir: pathlib.Path) -> dict:
             collector = RetryCollector(
                 suite, policy, judge, store, attempts=cfg.attempts, workers=cfg.workers, max_steps=cfg.max_steps,
                 worker_config=WorkerConfig(step_timeout_s=cfg.step_timeout_s), batch_window_s=cfg.batch_window_s,
-                progress=cfg.progress)
+                pool_max_attempts=cfg.pool_max_attempts, fault_reruns=cfg.fault_reruns, progress=cfg.progress)
             summary = collector.run(tasks, seeds)
     finally:
         policy.close()

@@ -40,6 +40,8 @@ import urllib.error
 import urllib.request
 from typing import Callable, Iterable, Iterator
 
+from rmsweb_jax.durable import fsync_dir
+
 GITHUB_RAW = "https://raw.githubusercontent.com"
 SUITES = ("webvoyager", "online_mind2web", "webtailbench")
 TIMEOUT_S = 60.0  # per request: the largest file (WebTailBench, 2 MB) takes seconds
@@ -180,7 +182,7 @@ def fetch(file: TaskFile, dest: str | pathlib.Path, base_url: str = GITHUB_RAW,
     except BaseException:
         pathlib.Path(tmp.name).unlink(missing_ok=True)
         raise
-    _fsync_dir(target.parent)  # make the rename itself durable
+    fsync_dir(target.parent)  # make the rename itself durable
     return target
 
 
@@ -202,13 +204,6 @@ def _chunks(file: TaskFile, url: str, timeout_s: float) -> Iterator[bytes]:
         # URLError: no connection; HTTPException (IncompleteRead, ...) or OSError: cut mid-body
         raise DownloadError(f"{file.name}: GET {url} failed: {getattr(e, 'reason', None) or repr(e)}") from None
 
-
-def _fsync_dir(path: pathlib.Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def download(files: Iterable[TaskFile], dest: str | pathlib.Path, base_url: str = GITHUB_RAW,

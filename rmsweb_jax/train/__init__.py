@@ -11,7 +11,7 @@ Modules, one job each:
   metrics     MFU FLOP count; TensorBoard / metrics.jsonl / console writer
   loop        Trainer: init or restore, step, report, checkpoint, NaN stop, HF export; Trainer.fit
   settings    config.train read and validated once
-  synthetic   deterministic in-memory batches (tests, the train_smoke stage)
+  synthetic_batches  deterministic in-memory batches (tests, the train_smoke stage)
 
 The batch contract. A data pipeline yields, per step, a dict of numpy arrays holding this process's
 B = config.train.batch_size / jax.process_count() rows of L tokens (fixed L per length bucket):

@@ -14,6 +14,7 @@ from rmsweb_jax.web.action_text import format_action
 from rmsweb_jax.web.actions import Action
 from rmsweb_jax.web.episode import EpisodeRequest, History
 from rmsweb_jax.collect.store_fixture import click_step as step
+from tests.collect.wrapped_policy import WrappedPolicy
 
 # Upper bound on any wait in this file: only reached when the behaviour under test is broken.
 WAIT_S = 60.0
@@ -32,13 +33,14 @@ def history(rid: str, steps: int = 0) -> History:
                    observations=obs, actions=actions)
 
 
-class Recording:
+class Recording(WrappedPolicy):
     """A policy that hands every batch to an inner policy and keeps the batches it saw. With
     `hold_first`, the first act() signals `entered` and blocks until `release` is set (a model's
     forward pass that lasts exactly as long as the test needs)."""
 
     def __init__(self, inner, hold_first: bool = False):
-        self.inner, self.name, self.batches = inner, inner.name, []
+        super().__init__(inner)
+        self.batches = []
         self.hold_first, self.entered, self.release = hold_first, threading.Event(), threading.Event()
 
     def act(self, contexts):
@@ -47,15 +49,6 @@ class Recording:
             self.entered.set()
             assert self.release.wait(WAIT_S), "the test never released the first batch"
         return self.inner.act(contexts)
-
-    def reflect(self, request):
-        return self.inner.reflect(request)
-
-    def stats(self):
-        return self.inner.stats()
-
-    def close(self):
-        self.inner.close()
 
 
 class Scripted:

@@ -20,6 +20,7 @@ from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
 from rmsweb_jax.suites.success_rule import is_solved
 from rmsweb_jax.web.browser import marked_pids
+from tests.collect.wrapped_policy import WrappedPolicy
 
 pytestmark = pytest.mark.browser
 
@@ -32,26 +33,18 @@ MISTAKES = MistakeConfig(wrong_element_p=0.15, detour_p=0.15, early_stop_p=0.08,
 GARBLED = "miniwob.click-button#1@1/0"  # this turn comes back as text that is no action
 
 
-class GarbleOneTurn:
+class GarbleOneTurn(WrappedPolicy):
     """The teacher, except that one turn (by StepContext.key) is replaced by malformed text, as
     a model might write it; everything else is the teacher's."""
 
     def __init__(self, teacher, key):
-        self.teacher, self.key, self.name = teacher, key, teacher.name
+        super().__init__(teacher)
+        self.key = key
 
     def act(self, contexts):
-        outputs = self.teacher.act(contexts)
+        outputs = self.inner.act(contexts)
         return [PolicyOutput.from_text("I click Submit <tool_call>{\"name\": \"computer_use\"", c.observation)
                 if c.key == self.key else o for c, o in zip(contexts, outputs)]
-
-    def reflect(self, request):
-        return self.teacher.reflect(request)
-
-    def stats(self):
-        return self.teacher.stats()
-
-    def close(self):
-        self.teacher.close()
 
 
 def _mean(values):
@@ -156,26 +149,18 @@ def test_retries_raise_yield_and_the_report_matches_the_store(tmp_path):
                                                  "step"}
 
 
-class FailsAt:
+class FailsAt(WrappedPolicy):
     """The teacher until it is asked for the step with context key `key`: then it raises (an
     endpoint that goes down)."""
 
     def __init__(self, teacher, key):
-        self.teacher, self.key, self.name = teacher, key, teacher.name
+        super().__init__(teacher)
+        self.key = key
 
     def act(self, contexts):
         if any(c.key == self.key for c in contexts):
             raise ConnectionError("policy endpoint went away")
-        return self.teacher.act(contexts)
-
-    def reflect(self, request):
-        return self.teacher.reflect(request)
-
-    def stats(self):
-        return self.teacher.stats()
-
-    def close(self):
-        self.teacher.close()
+        return self.inner.act(contexts)
 
 
 def test_a_policy_error_stops_the_run_and_keeps_finished_groups(tmp_path):
@@ -195,29 +180,21 @@ def test_a_policy_error_stops_the_run_and_keeps_finished_groups(tmp_path):
         assert attempts[-1].success or len(attempts) == K
 
 
-class KillsBrowserAt:
+class KillsBrowserAt(WrappedPolicy):
     """The teacher, except that just before answering the step with context key `key` it
     SIGKILLs the run's browser (worker 0's Chromium): a real crash in the middle of the attempt.
     Only the first time: the rerun of the same step goes through."""
 
     def __init__(self, teacher, key):
-        self.teacher, self.key, self.name = teacher, key, teacher.name
+        super().__init__(teacher)
+        self.key = key
         self.collector, self.killed = None, []
 
     def act(self, contexts):
         if any(c.key == self.key for c in contexts) and not self.killed:
             self.killed.append(self.collector.pool.browser_pid(0))
             os.kill(self.killed[0], signal.SIGKILL)
-        return self.teacher.act(contexts)
-
-    def reflect(self, request):
-        return self.teacher.reflect(request)
-
-    def stats(self):
-        return self.teacher.stats()
-
-    def close(self):
-        self.teacher.close()
+        return self.inner.act(contexts)
 
 
 @pytest.mark.parametrize("fault_reruns", [1, 0])

@@ -18,6 +18,7 @@ from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
 from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
 from rmsweb_jax.web.browser import MARKER_FLAG, marked_pids
+from tests.collect.wrapped_policy import WrappedPolicy
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -57,24 +58,16 @@ def own_browsers():
     return out
 
 
-class Signalling:
+class Signalling(WrappedPolicy):
     """The teacher, setting `acting` at its first step (the pool has started by then)."""
 
     def __init__(self, teacher):
-        self.teacher, self.name, self.acting = teacher, teacher.name, threading.Event()
+        super().__init__(teacher)
+        self.acting = threading.Event()
 
     def act(self, contexts):
         self.acting.set()
-        return self.teacher.act(contexts)
-
-    def reflect(self, request):
-        return self.teacher.reflect(request)
-
-    def stats(self):
-        return self.teacher.stats()
-
-    def close(self):
-        self.teacher.close()
+        return self.inner.act(contexts)
 
 
 class Killer(threading.Thread):

@@ -239,7 +239,7 @@ def test_cli_prints_its_url_serves_and_stops_on_sigterm(tmp_path):
     checkpoint = tiny_checkpoint_dir()
     log = open(tmp_path / "serve.log", "w+")
     proc = subprocess.Popen([sys.executable, "-m", "rmsweb_jax.sampling.serve", f"--checkpoint=hf:{checkpoint}",
-                             "--port=0", "--api_key=cli-key", f"--workdir={tmp_path}"],
+                             "--port=0", "--api_key=cli-key", f"--workdir={tmp_path}", "--served_model_name=my-agent"],
                             stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     try:
         lines = []
@@ -250,6 +250,7 @@ def test_cli_prints_its_url_serves_and_stops_on_sigterm(tmp_path):
         match = re.match(r"serving (\S+) at (http://127\.0\.0\.1:\d+/v1) ", line)
         assert match, (line, log.seek(0) or log.read()[-3000:])
         name, base_url = match.groups()
+        assert name == "my-agent"  # --served_model_name replaces the checkpoint's folder@hash name
         assert ChatClient(base_url, name, api_key="cli-key").list_models() == [name]
         with pytest.raises(ChatError, match="HTTP 401"):
             ChatClient(base_url, name, api_key="nope").list_models()

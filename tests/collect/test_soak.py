@@ -1,6 +1,6 @@
 """Soak: the retry collector over the browser pool (ScriptedTeacher, MiniWoB++, real Chromium)
-runs a few hundred episodes while a thread SIGKILLs one of its browsers every few seconds, and
-once kills a replacement browser while it is being launched. Every task group reaches the store
+runs a few hundred episodes while a thread SIGKILLs one of its browsers every few dozen policy
+steps (steps, not seconds: a fast machine must see as many kills as a slow one), and once kills a replacement browser while it is being launched. Every task group reaches the store
 exactly once, and the report equals a recount of the stored records."""
 import collections
 import os
@@ -26,7 +26,7 @@ TASKS = ("miniwob.click-button", "miniwob.click-link", "miniwob.click-tab", "min
          "miniwob.click-test-2", "miniwob.enter-text", "miniwob.focus-text", "miniwob.click-option")
 SEEDS = range(30)  # 240 task groups
 K = 2
-KILL_EVERY_S = 4.0
+KILL_EVERY_STEPS = 40  # contexts the policy answered between two kills: ~15 kills in the run
 
 
 def _ancestors(pid):
@@ -58,34 +58,35 @@ def own_browsers():
     return out
 
 
-class Signalling(WrappedPolicy):
-    """The teacher, setting `acting` at its first step (the pool has started by then)."""
+class Counting(WrappedPolicy):
+    """The teacher, counting the steps (contexts) it has answered."""
 
     def __init__(self, teacher):
         super().__init__(teacher)
-        self.acting = threading.Event()
+        self.steps = 0
 
     def act(self, contexts):
-        self.acting.set()
+        self.steps += len(contexts)
         return self.inner.act(contexts)
 
 
 class Killer(threading.Thread):
-    """From `begin` on, SIGKILLs a random browser of this process every `every_s`; the second
-    time, it also waits for that worker's replacement to appear and kills it at once, while it
-    is launching."""
+    """SIGKILLs a random browser of this process each time the policy has answered `every_steps`
+    more steps; the second time, it also waits for that worker's replacement to appear and kills
+    it at once, while it is launching."""
 
-    def __init__(self, every_s, begin):
+    def __init__(self, every_steps, policy):
         super().__init__(daemon=True)
-        self.every_s, self.begin, self.kills, self.launching_kills = every_s, begin, [], []
+        self.every_steps, self.policy, self.kills, self.launching_kills = every_steps, policy, [], []
         self.stop = threading.Event()
         self.rng = random.Random(0)
 
     def run(self):
-        while not self.begin.wait(0.1):
-            if self.stop.is_set():
-                return
-        while not self.stop.wait(self.every_s):
+        due = self.every_steps
+        while not self.stop.wait(0.02):  # polls a counter: when a kill lands does not decide the outcome
+            if self.policy.steps < due:
+                continue
+            due = self.policy.steps + self.every_steps
             browsers = own_browsers()
             if not browsers:
                 continue
@@ -115,12 +116,12 @@ def test_collect_survives_browser_kills(tmp_path):
     known = {t.id: t for t in load_miniwob_tasks()}
     tasks = [known[name] for name in TASKS]
     store_dir = tmp_path / "store"
-    policy = Signalling(ScriptedTeacher(MistakeConfig(wrong_element_p=0.1, seed=1), tasks=TASKS))
-    killer = Killer(KILL_EVERY_S, policy.acting)
+    policy = Counting(ScriptedTeacher(MistakeConfig(wrong_element_p=0.1, seed=1), tasks=TASKS))
+    killer = Killer(KILL_EVERY_STEPS, policy)
     started = time.monotonic()
     with MiniWoBSuite() as suite, StoreWriter(store_dir, flush_every_tasks=20) as store:
-        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="positive_reward"), store, attempts=K, workers=2, max_steps=8,
-                                   pool_max_attempts=4, progress=False)
+        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="positive_reward"), store, attempts=K,
+                                   workers=2, max_steps=8, pool_max_attempts=4, progress=False)
         killer.start()
         try:
             summary = collector.run(tasks, SEEDS)

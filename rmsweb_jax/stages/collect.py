@@ -36,6 +36,7 @@ from rmsweb_jax.collect.report import check_store_success_rule, write_report
 from rmsweb_jax.collect.retries import RetryCollector
 from rmsweb_jax.collect.store import StoreWriter
 from rmsweb_jax.collect.store_provenance import policy_provenance
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.suites.success_rule import check_success_rule
 from rmsweb_jax.suites.task import Task
 from rmsweb_jax.web.worker import WorkerConfig
@@ -52,7 +53,7 @@ def _endpoint(spec: str, what: str) -> tuple[str, str]:
     # "<base_url>#<model>": the model name cannot contain "#", a URL rarely does.
     base_url, sep, model = spec.rpartition("#")
     if not sep or not base_url or not model:
-        raise ValueError(f"{what} {spec!r}: expected '<base_url>#<model>', e.g. 'http://127.0.0.1:8000/v1#qwen3-vl'")
+        raise UserError(f"{what} {spec!r}: expected '<base_url>#<model>', e.g. 'http://127.0.0.1:8000/v1#qwen3-vl'")
     return base_url, model
 
 
@@ -61,7 +62,7 @@ def _api_key(cfg, field: str = "api_key_env") -> str | None:
     if not name:
         return None
     if name not in os.environ:
-        raise ValueError(f"collect.{field} names ${name}, which is not set")
+        raise UserError(f"collect.{field} names ${name}, which is not set")
     return os.environ[name]
 
 
@@ -77,7 +78,7 @@ def make_policy(config, workdir: pathlib.Path, task_ids: list[str]):
     cfg = config.collect
     spec = cfg.policy
     if spec == "teacher" and cfg.suite != "miniwob":
-        raise ValueError(f"collect.policy 'teacher' cannot play the {cfg.suite} suite: the ScriptedTeacher only knows "
+        raise UserError(f"collect.policy 'teacher' cannot play the {cfg.suite} suite: the ScriptedTeacher only knows "
                          "MiniWoB++; use 'http:<base_url>#<model>' or 'flax:<model spec>'")
     if spec == "teacher":
         from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher
@@ -97,43 +98,43 @@ def make_policy(config, workdir: pathlib.Path, task_ids: list[str]):
         base_url, model = _endpoint(rest, "collect.policy")
         client = ChatClient(base_url, model, api_key=_api_key(cfg), max_concurrency=cfg.workers)
         return HttpPolicy(client, _prompt_builder(config), max_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
-    raise ValueError(f"collect.policy {spec!r}: expected 'teacher', 'flax:<model spec>' or 'http:<base_url>#<model>'")
+    raise UserError(f"collect.policy {spec!r}: expected 'teacher', 'flax:<model spec>' or 'http:<base_url>#<model>'")
 
 
 def judge_spec(cfg) -> tuple[str, str | None]:
     """Returns (judge name, "<base_url>#<model>" or None) of collect.judge for collect.suite:
     "" is the suite's official judge (an LLM judge then needs an endpoint), "<base_url>#<model>"
     the official judge on that endpoint, "<name>" or "<name>:<base_url>#<model>" a judge by name.
-    Raises ValueError for the programmatic judge on a live suite and for a missing endpoint."""
+    Raises UserError for the programmatic judge on a live suite and for a missing endpoint."""
     from rmsweb_jax.judges import JUDGES, LLM_JUDGES
     suite, spec = cfg.suite, cfg.judge.strip()
     if suite not in OFFICIAL_JUDGES:
-        raise ValueError(f"collect.suite {suite!r}: expected one of {list(SUITES)}")
+        raise UserError(f"collect.suite {suite!r}: expected one of {list(SUITES)}")
     official = OFFICIAL_JUDGES[suite]
     if spec.startswith(("http://", "https://")):
         if official not in LLM_JUDGES:
-            raise ValueError(f"collect.judge {spec!r}: the {suite} suite's own judge is {official!r}, which takes no "
+            raise UserError(f"collect.judge {spec!r}: the {suite} suite's own judge is {official!r}, which takes no "
                              "endpoint; to judge it with an LLM name one: '<judge>:<base_url>#<model>' with <judge> "
                              f"in {list(LLM_JUDGES)}")
         name, endpoint = official, spec
     else:
         name, _, endpoint = (spec or official).partition(":")
     if name not in JUDGES:
-        raise ValueError(f"collect.judge {cfg.judge!r}: unknown judge {name!r}; expected '<base_url>#<model>' (the "
+        raise UserError(f"collect.judge {cfg.judge!r}: unknown judge {name!r}; expected '<base_url>#<model>' (the "
                          f"{suite} suite's {official!r} judge) or one of {sorted(JUDGES)}")
     if suite in LIVE_SUITES and name not in LLM_JUDGES:
-        raise ValueError(f"collect.judge {name!r} cannot judge the live {suite} suite: live sites report no reward; "
+        raise UserError(f"collect.judge {name!r} cannot judge the live {suite} suite: live sites report no reward; "
                          f"use an LLM judge, the benchmark's official one is {official!r} "
                          f"(collect.judge='<base_url>#<model>' or '{official}:<base_url>#<model>')")
     if name in LLM_JUDGES:
         if not endpoint:
-            raise ValueError(f"collect.judge {cfg.judge!r}: the {name!r} judge is an LLM judge and needs its endpoint: "
+            raise UserError(f"collect.judge {cfg.judge!r}: the {name!r} judge is an LLM judge and needs its endpoint: "
                              f"'{name}:<base_url>#<model>' (or '<base_url>#<model>' for the {suite} suite's official "
                              f"{official!r} judge), e.g. '{name}:http://127.0.0.1:8001/v1#qwen3-vl-32b'")
         _endpoint(endpoint, "collect.judge")
         return name, endpoint
     if endpoint:
-        raise ValueError(f"collect.judge {cfg.judge!r}: the {name!r} judge takes no endpoint")
+        raise UserError(f"collect.judge {cfg.judge!r}: the {name!r} judge takes no endpoint")
     return name, None
 
 
@@ -160,13 +161,13 @@ def make_judge(cfg):
 def _limit(cfg) -> int:
     limit = cfg.limit
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise ValueError(f"collect.limit must be an int >= 0 (0 = every selected task), got {limit!r}")
+        raise UserError(f"collect.limit must be an int >= 0 (0 = every selected task), got {limit!r}")
     return limit
 
 
 def select_tasks(tasks: list[Task], cfg, source: str) -> list[Task]:
     """Returns the tasks named by collect.tasks (comma-separated ids, in that order; "" = all of
-    them), at most collect.limit of them (0 = no limit). Raises ValueError naming unknown ids."""
+    them), at most collect.limit of them (0 = no limit). Raises UserError naming unknown ids."""
     limit = _limit(cfg)
     names = [n.strip() for n in cfg.tasks.split(",") if n.strip()] if cfg.tasks else []
     if names:
@@ -174,7 +175,7 @@ def select_tasks(tasks: list[Task], cfg, source: str) -> list[Task]:
         unknown = [n for n in names if n not in known]
         if unknown:
             sample = ", ".join(list(known)[:3])
-            raise ValueError(f"collect.tasks {unknown} are not in {source} (its ids look like: {sample}, ...)")
+            raise UserError(f"collect.tasks {unknown} are not in {source} (its ids look like: {sample}, ...)")
         tasks = [known[n] for n in dict.fromkeys(names)]
     return tasks[:limit] if limit else tasks
 
@@ -188,18 +189,18 @@ def live_tasks(cfg) -> list[Task]:
     if not cfg.task_list:
         path = default_task_file(cfg.suite)
         if not path.is_file():
-            raise ValueError(f"collect.task_list is empty and the {cfg.suite} task file is not in the default data "
+            raise UserError(f"collect.task_list is empty and the {cfg.suite} task file is not in the default data "
                              f"dir ({path}; $RMSWEB_DATA sets the dir): download it with "
                              f"`{download_command(cfg.suite)}`, or name a task file with --config.collect.task_list")
         print(f"[collect] collect.task_list is empty: reading {path}")
     else:
         path = pathlib.Path(cfg.task_list)
     if not path.is_file():
-        raise ValueError(f"collect.task_list {str(path)!r}: no such file (the {cfg.suite} task file; "
+        raise UserError(f"collect.task_list {str(path)!r}: no such file (the {cfg.suite} task file; "
                          f"`{download_command(cfg.suite)}` downloads the official ones)")
     references = cfg.reference_answers
     if references and cfg.suite != "webvoyager":
-        raise ValueError(f"collect.reference_answers is WebVoyager's reference_answer.json; the {cfg.suite} suite "
+        raise UserError(f"collect.reference_answers is WebVoyager's reference_answer.json; the {cfg.suite} suite "
                          "has none")
     if cfg.suite == "webvoyager":
         tasks = load_webvoyager(path, references or None)
@@ -209,7 +210,7 @@ def live_tasks(cfg) -> list[Task]:
         tasks = load_webtailbench(path)
     tasks = select_tasks(tasks, cfg, str(path))
     if not tasks:
-        raise ValueError(f"collect.task_list {str(path)!r} holds no tasks")
+        raise UserError(f"collect.task_list {str(path)!r} holds no tasks")
     return tasks
 
 
@@ -220,7 +221,7 @@ def miniwob_tasks(cfg) -> list[Task]:
     names = [n.strip() for n in cfg.tasks.split(",") if n.strip()] if cfg.tasks else []
     if not names:
         if cfg.policy != "teacher":
-            raise ValueError("collect.tasks is empty: name the task ids (comma-separated) for a model policy")
+            raise UserError("collect.tasks is empty: name the task ids (comma-separated) for a model policy")
         from rmsweb_jax.agents.teacher import SOLVED_TASKS
         names = list(SOLVED_TASKS)
     names = [n if n.startswith("miniwob.") else f"miniwob.{n}" for n in names]
@@ -230,14 +231,14 @@ def miniwob_tasks(cfg) -> list[Task]:
         known = {t.id: t for t in load_miniwob_tasks(cfg.task_list)}
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise ValueError(f"collect.tasks {unknown} are not in collect.task_list {cfg.task_list}")
+            raise UserError(f"collect.tasks {unknown} are not in collect.task_list {cfg.task_list}")
         return [known[n] for n in names]
     html = miniwob_html_dir()
     tasks = []
     for name in names:
         page = f"miniwob/{name.split('.', 1)[1]}.html"
         if not (html / page).is_file():
-            raise ValueError(f"collect.tasks: MiniWoB++ task {name!r} has no page {html / page}")
+            raise UserError(f"collect.tasks: MiniWoB++ task {name!r} has no page {html / page}")
         tasks.append(Task(suite="miniwob", id=name, start_url=page, site="miniwob"))
     return tasks
 
@@ -251,7 +252,7 @@ def make_suite(cfg):
     from rmsweb_jax.suites.live import LiveSuite
     viewport = tuple(int(v) for v in cfg.viewport)
     if len(viewport) != 2 or min(viewport) < 64:
-        raise ValueError(f"collect.viewport must be (width, height) of at least 64 px each, got {cfg.viewport!r}")
+        raise UserError(f"collect.viewport must be (width, height) of at least 64 px each, got {cfg.viewport!r}")
     hosts = tuple(h.strip() for h in cfg.extra_hosts.split(",") if h.strip())
     return contextlib.nullcontext(LiveSuite(viewport=viewport, extra_hosts=hosts))
 
@@ -261,7 +262,7 @@ def _check_judge_fits(judge_name: str, tasks: list[Task], cfg) -> None:
     if judge_name == "webtailbench":
         bare = [t.id for t in tasks if not t.rubric]
         if bare:
-            raise ValueError(f"collect.judge webtailbench needs each task's rubric; {len(bare)} task(s) of "
+            raise UserError(f"collect.judge webtailbench needs each task's rubric; {len(bare)} task(s) of "
                              f"collect.task_list {cfg.task_list!r} have none (e.g. {bare[0]!r}): use the Stagehand "
                              "form of the file (precomputed_rubric.items), or another judge")
 
@@ -271,7 +272,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     writes workdir/collect_report.{json,md,png}; returns the report."""
     cfg = config.collect
     if cfg.suite not in SUITES:
-        raise ValueError(f"collect.suite {cfg.suite!r}: expected one of {list(SUITES)}")
+        raise UserError(f"collect.suite {cfg.suite!r}: expected one of {list(SUITES)}")
     workdir = pathlib.Path(workdir)
     store_dir = pathlib.Path(cfg.store_dir) if cfg.store_dir else workdir / "store"
     judge_name, _ = judge_spec(cfg)  # a wrong judge fails before any task file is read or model loaded

@@ -5,6 +5,7 @@ Modules, one job each:
   image_batch which images belong to which row; a microbatch's padded vision inputs
   global_images  several processes: every process gathers all images and builds the global vision inputs
   loss        token-weighted losses as (sum, denominator); the SFT cross-entropy
+  logprobs    forward-only log p(target | prefix) per token of a batch (mining, RL's old/reference log-probs)
   optimizer   AdamW + linear warmup + cosine decay + global-norm clipping from config.train.optimizer
   step        TrainState, shardings, the jitted step (microbatch scan, exact accumulation)
   checkpoint  Orbax CheckpointManager: train state + data-iterator state + metadata per step

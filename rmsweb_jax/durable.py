@@ -1,8 +1,18 @@
-"""Durable renames: what the trajectory store and the task-file download both need after os.replace."""
+"""Durable files: what the trajectory store and the task-file download both need (hashes, synced renames)."""
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
+
+
+def file_sha256(path: str | pathlib.Path) -> str:
+    """Returns the hex sha256 of the file at `path` (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def fsync_dir(directory: pathlib.Path) -> None:

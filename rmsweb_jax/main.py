@@ -34,9 +34,14 @@ USAGE_ERROR = 2  # exit status of a user error, as argparse and absl's usage err
 TRACEBACK_ENV = "RMSWEB_TRACEBACK"
 
 
+def stage_run(name: str):
+    """Returns the run(config, workdir) of stage `name`, importing its module."""
+    return importlib.import_module(f"rmsweb_jax.stages.{STAGES[name]}").run
+
+
 def stage_table():
     """Returns {stage name: run(config, workdir)}, importing every stage module."""
-    return {name: importlib.import_module(f"rmsweb_jax.stages.{module}").run for name, module in STAGES.items()}
+    return {name: stage_run(name) for name in STAGES}
 
 
 def stage_names(stages) -> list[str]:
@@ -68,7 +73,7 @@ def run_stages(config, workdir: str | pathlib.Path) -> None:
     for name in stages:
         logging.info("stage %s: starting (workdir %s)", name, workdir)
         start = time.time()
-        importlib.import_module(f"rmsweb_jax.stages.{STAGES[name]}").run(config, workdir)
+        stage_run(name)(config, workdir)
         record.append({"stage": name, "seconds": round(time.time() - start, 2)})
         logging.info("stage %s: done in %.1f s", name, record[-1]["seconds"])
         if writer:

@@ -42,7 +42,7 @@ from tqdm import tqdm
 from rmsweb_jax.agents.policy import Policy, PolicyOutput, ReflectionRequest
 from rmsweb_jax.collect.adapter import AttemptSpec, PolicyBridge, split_turn
 from rmsweb_jax.collect.records import FAULT_JUDGE, StepRecord, TrajectoryRecord, request_id, task_key
-from rmsweb_jax.collect.store import StoreError, StoreWriter
+from rmsweb_jax.collect.store import StoreWriter, check_policy
 from rmsweb_jax.judges.base import ERROR, Judge, JudgeInput, Verdict
 from rmsweb_jax.web.episode import Episode, EpisodeRequest
 from rmsweb_jax.web.pool import AsyncWorkerPool
@@ -112,10 +112,7 @@ class RetryCollector:
             raise ValueError(f"max_steps must be >= 1, got {max_steps!r}")
         if fault_reruns < 0:
             raise ValueError(f"fault_reruns must be >= 0, got {fault_reruns!r}")
-        if store.policy is not None and store.policy != policy.name:  # one store, one policy (see store.py)
-            raise StoreError(f"the trajectory store at {store.directory} holds the trajectories of policy "
-                             f"{store.policy!r}; this collector's policy is {policy.name!r}: collect into another "
-                             "store")
+        check_policy(store.directory, store.meta, policy.name)  # one store, one policy (see store.py)
         self.suite, self.policy, self.judge, self.store = suite, policy, judge, store
         self.attempts, self.workers, self.max_steps = attempts, workers, max_steps
         self.worker_config = worker_config

@@ -35,10 +35,11 @@ from typing import Any, Iterable, Iterator, Sequence
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
 from rmsweb_jax.collect.records import SCHEMA_VERSION, StepRecord, TrajectoryRecord
-from rmsweb_jax.collect.store_layout import (  # noqa: F401 (STORE_FILE, TMP_PREFIX: the store's names)
+from rmsweb_jax.collect.store_layout import (
     LAYOUT, STEPS, STORE_FILE, STORE_FORMAT, TMP_PREFIX, TRAJECTORIES, Flush, StoreError, close_failed, describe,
-    file_sha256, find_damage, fsync_dir, load_flushes, lock_store, marker_name, open_reader, orphan_files,
+    find_damage, load_flushes, lock_store, marker_name, open_reader, orphan_files,
     parse_shard_name, read_meta, repair_hint, shard_name, used_seqs, write_atomic)
+from rmsweb_jax.durable import file_sha256, fsync_dir
 
 # group_size 1: every record is its own chunk, as random access (Grain) wants. zstd is cheap on
 # CPU and the PNG bytes inside do not compress further anyway.
@@ -204,7 +205,7 @@ class StoreWriter(TrajectoryStore):
                 _write_json(directory / STORE_FILE, {
                     "format": STORE_FORMAT, "schema_version": SCHEMA_VERSION, "layout": LAYOUT,
                     "created": time.time(), "policy": policy, "provenance": provenance})
-            _check_policy(directory, read_meta(directory), policy)
+            check_policy(directory, read_meta(directory), policy)
             self.removed_orphans = _remove_orphans(directory)
             super().__init__(directory, verify="full")
             self._adopt(policy, provenance)
@@ -306,7 +307,8 @@ class StoreWriter(TrajectoryStore):
                     self._lock.close()
 
 
-def _check_policy(directory: pathlib.Path, meta: dict[str, Any], policy: str | None) -> None:
+def check_policy(directory: pathlib.Path, meta: dict[str, Any], policy: str | None) -> None:
+    """Raises StoreError when the store at `directory` (store.json `meta`) holds another policy's trajectories."""
     recorded = meta.get("policy")
     if policy is not None and recorded is not None and policy != recorded:
         raise StoreError(f"the trajectory store at {directory} holds the trajectories of policy {recorded!r}; this "

@@ -20,8 +20,9 @@ import sys
 import time
 
 from rmsweb_jax.collect.records import StepRecord, TrajectoryRecord
-from rmsweb_jax.collect.store_layout import (QUARANTINE, Damage, Flush, StoreError, describe, find_damage, fsync_dir,
+from rmsweb_jax.collect.store_layout import (QUARANTINE, Damage, Flush, StoreError, describe, find_damage,
                                              load_flushes, lock_store, orphan_files, read_all, read_meta, write_atomic)
+from rmsweb_jax.durable import fsync_dir
 
 
 def check(directory: pathlib.Path) -> tuple[dict[int, Flush], list[Damage], list[str]]:

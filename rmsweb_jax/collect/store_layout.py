@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import hashlib
 import json
 import os
 import pathlib
@@ -30,7 +29,7 @@ from typing import Any
 from array_record.python.array_record_module import ArrayRecordReader
 
 from rmsweb_jax.collect.records import SCHEMA_VERSION, TrajectoryRecord
-from rmsweb_jax.durable import fsync_dir
+from rmsweb_jax.durable import file_sha256, fsync_dir
 from rmsweb_jax.errors import UserError
 
 STORE_FILE = "store.json"
@@ -303,15 +302,6 @@ def describe(directory: pathlib.Path, damage: list[Damage]) -> str:
         lines.extend(f"  {p}{held}" for p in d.problems)
     return (f"the trajectory store at {directory} has {len(damage)} damaged flush(es):\n" + "\n".join(lines)
             + f"\n{repair_hint(directory)}")
-
-
-def file_sha256(path: pathlib.Path) -> str:
-    """Returns the hex sha256 of the file at `path`."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_atomic(path: pathlib.Path, data: bytes) -> None:

@@ -141,7 +141,7 @@ class ChatModel:
                     encoded.append(self.encode(conversation))
                 except (ValueError, TypeError) as err:
                     raise type(err)(f"conversation {i}: {err}") from err
-            longest = self._sampler.length_buckets[-1]
+            longest = self.max_prompt_tokens
             for i, enc in enumerate(encoded):
                 if len(enc.input_ids) > longest:
                     raise ValueError(f"conversation {i}: prompt of {len(enc.input_ids)} tokens exceeds the largest "

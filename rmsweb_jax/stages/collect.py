@@ -79,7 +79,7 @@ def make_policy(config, workdir: pathlib.Path, task_ids: list[str]):
     spec = cfg.policy
     if spec == "teacher" and cfg.suite != "miniwob":
         raise UserError(f"collect.policy 'teacher' cannot play the {cfg.suite} suite: the ScriptedTeacher only knows "
-                         "MiniWoB++; use 'http:<base_url>#<model>' or 'flax:<model spec>'")
+                        "MiniWoB++; use 'http:<base_url>#<model>' or 'flax:<model spec>'")
     if spec == "teacher":
         from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher
         mistakes = MistakeConfig.from_dict(dict(cfg.teacher.to_dict()))
@@ -114,23 +114,23 @@ def judge_spec(cfg) -> tuple[str, str | None]:
     if spec.startswith(("http://", "https://")):
         if official not in LLM_JUDGES:
             raise UserError(f"collect.judge {spec!r}: the {suite} suite's own judge is {official!r}, which takes no "
-                             "endpoint; to judge it with an LLM name one: '<judge>:<base_url>#<model>' with <judge> "
-                             f"in {list(LLM_JUDGES)}")
+                            "endpoint; to judge it with an LLM name one: '<judge>:<base_url>#<model>' with <judge> "
+                            f"in {list(LLM_JUDGES)}")
         name, endpoint = official, spec
     else:
         name, _, endpoint = (spec or official).partition(":")
     if name not in JUDGES:
         raise UserError(f"collect.judge {cfg.judge!r}: unknown judge {name!r}; expected '<base_url>#<model>' (the "
-                         f"{suite} suite's {official!r} judge) or one of {sorted(JUDGES)}")
+                        f"{suite} suite's {official!r} judge) or one of {sorted(JUDGES)}")
     if suite in LIVE_SUITES and name not in LLM_JUDGES:
         raise UserError(f"collect.judge {name!r} cannot judge the live {suite} suite: live sites report no reward; "
-                         f"use an LLM judge, the benchmark's official one is {official!r} "
-                         f"(collect.judge='<base_url>#<model>' or '{official}:<base_url>#<model>')")
+                        f"use an LLM judge, the benchmark's official one is {official!r} "
+                        f"(collect.judge='<base_url>#<model>' or '{official}:<base_url>#<model>')")
     if name in LLM_JUDGES:
         if not endpoint:
             raise UserError(f"collect.judge {cfg.judge!r}: the {name!r} judge is an LLM judge and needs its endpoint: "
-                             f"'{name}:<base_url>#<model>' (or '<base_url>#<model>' for the {suite} suite's official "
-                             f"{official!r} judge), e.g. '{name}:http://127.0.0.1:8001/v1#qwen3-vl-32b'")
+                            f"'{name}:<base_url>#<model>' (or '<base_url>#<model>' for the {suite} suite's official "
+                            f"{official!r} judge), e.g. '{name}:http://127.0.0.1:8001/v1#qwen3-vl-32b'")
         _endpoint(endpoint, "collect.judge")
         return name, endpoint
     if endpoint:
@@ -190,18 +190,18 @@ def live_tasks(cfg) -> list[Task]:
         path = default_task_file(cfg.suite)
         if not path.is_file():
             raise UserError(f"collect.task_list is empty and the {cfg.suite} task file is not in the default data "
-                             f"dir ({path}; $RMSWEB_DATA sets the dir): download it with "
-                             f"`{download_command(cfg.suite)}`, or name a task file with --config.collect.task_list")
+                            f"dir ({path}; $RMSWEB_DATA sets the dir): download it with "
+                            f"`{download_command(cfg.suite)}`, or name a task file with --config.collect.task_list")
         print(f"[collect] collect.task_list is empty: reading {path}")
     else:
         path = pathlib.Path(cfg.task_list)
-    if not path.is_file():
-        raise UserError(f"collect.task_list {str(path)!r}: no such file (the {cfg.suite} task file; "
-                         f"`{download_command(cfg.suite)}` downloads the official ones)")
+        if not path.is_file():
+            raise UserError(f"collect.task_list {str(path)!r}: no such file (the {cfg.suite} task file; "
+                            f"`{download_command(cfg.suite)}` downloads the official ones)")
     references = cfg.reference_answers
     if references and cfg.suite != "webvoyager":
         raise UserError(f"collect.reference_answers is WebVoyager's reference_answer.json; the {cfg.suite} suite "
-                         "has none")
+                        "has none")
     if cfg.suite == "webvoyager":
         tasks = load_webvoyager(path, references or None)
     elif cfg.suite == "online_mind2web":
@@ -263,8 +263,8 @@ def _check_judge_fits(judge_name: str, tasks: list[Task], cfg) -> None:
         bare = [t.id for t in tasks if not t.rubric]
         if bare:
             raise UserError(f"collect.judge webtailbench needs each task's rubric; {len(bare)} task(s) of "
-                             f"collect.task_list {cfg.task_list!r} have none (e.g. {bare[0]!r}): use the Stagehand "
-                             "form of the file (precomputed_rubric.items), or another judge")
+                            f"collect.task_list {cfg.task_list!r} have none (e.g. {bare[0]!r}): use the Stagehand "
+                            "form of the file (precomputed_rubric.items), or another judge")
 
 
 def run(config, workdir: pathlib.Path) -> dict:

@@ -95,14 +95,14 @@ def check_tokenizer(tokenizer_dir: str | pathlib.Path, model_config) -> tuple[ob
     image_token = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     if image_token != model_config.image_token_id:
         raise UserError(f"the tokenizer in {tokenizer_dir} maps {IMAGE_TOKEN} to {image_token}, the model's "
-                         f"image_token_id is {model_config.image_token_id}: tokenizer and model do not belong together")
+                        f"image_token_id is {model_config.image_token_id}: tokenizer and model do not belong together")
     image_config = image_config_from_checkpoint(tokenizer_dir)
     vision = model_config.vision
     ours = (image_config.patch_size, image_config.merge_size, image_config.temporal_patch_size)
     theirs = (vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
     if ours != theirs:
         raise UserError(f"{tokenizer_dir}/preprocessor_config.json patch/merge/temporal sizes {ours} differ from "
-                         f"the model's vision config {theirs}")
+                        f"the model's vision config {theirs}")
     return tokenizer, image_config
 
 
@@ -111,11 +111,12 @@ def run(config, workdir: pathlib.Path) -> dict:
     from rmsweb_jax.train.loop import Trainer
     workdir = pathlib.Path(workdir)
     # The store first: a missing or empty one fails in a second, before any model is loaded.
-    data, view, split = load_split(config, workdir)
-    if same_split_settings(split_path(workdir), data):
+    if same_split_settings(split_path(workdir), SFTDataConfig.from_config(config.get("data"), workdir)):
         # A rerun resumes the run that wrote this split: groups the store gained since stay out of it
         # (a recomputed split could hold out groups the checkpoint already trained on).
         data, view, split, _ = saved_split(config, workdir)
+    else:
+        data, view, split = load_split(config, workdir)
     trainer = Trainer(config, workdir, name=NAME)
     tokenizer, image_config = check_tokenizer(trainer.init_dir, trainer.model_config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -40,7 +40,7 @@ import urllib.error
 import urllib.request
 from typing import Callable, Iterable, Iterator
 
-from rmsweb_jax.durable import fsync_dir
+from rmsweb_jax.durable import file_sha256 as sha256_of, fsync_dir
 
 GITHUB_RAW = "https://raw.githubusercontent.com"
 SUITES = ("webvoyager", "online_mind2web", "webtailbench")
@@ -145,15 +145,6 @@ def files_of(suite: str) -> list[TaskFile]:
 def url_of(file: TaskFile, base_url: str = GITHUB_RAW) -> str:
     """Returns the URL of `file`: <base_url>/<owner>/<repo>/<commit>/<path>."""
     return f"{base_url.rstrip('/')}/{file.repo}/{file.commit}/{file.path}"
-
-
-def sha256_of(path: str | pathlib.Path) -> str:
-    """Returns the hex sha256 of the file at `path`."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def fetch(file: TaskFile, dest: str | pathlib.Path, base_url: str = GITHUB_RAW,

@@ -1,7 +1,5 @@
 """The OpenAI-compatible ChatServer over a tiny random ChatModel, spoken to over real HTTP."""
 import base64
-import http.client
-import io
 import json
 import os
 import re
@@ -11,62 +9,20 @@ import sys
 import threading
 
 import pytest
-from PIL import Image
 
 from rmsweb_jax.agents.chat_client import ChatClient, ChatError
 from rmsweb_jax.sampling.chat_model import ChatModel
 from rmsweb_jax.sampling.serve import ChatServer
-from tests.sampling.tiny_chat import tiny_chat_model, tiny_checkpoint_dir
+from tests.sampling.server_http import KEY, chat_body, png_url, post_chat, request
+from tests.sampling.tiny_chat import tiny_checkpoint_dir
 
-KEY = "test-key"
 MAX_BODY = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_chat_model()
 
 
 @pytest.fixture(scope="module")
 def server(model):
     with ChatServer(model, api_key=KEY, max_body_bytes=MAX_BODY, max_tokens_limit=64) as server:
         yield server
-
-
-def png_url(size=(64, 48), color=(200, 30, 30)) -> str:
-    buf = io.BytesIO()
-    Image.new("RGB", size, color).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def request(server, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
-            key: str | None = KEY) -> tuple[int, dict]:
-    """Returns (status, decoded JSON body) of one raw HTTP request."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    try:
-        h = {"Content-Type": "application/json", **(headers or {})}
-        if key is not None:
-            h["Authorization"] = f"Bearer {key}"
-        conn.request(method, path, body=body, headers=h)
-        response = conn.getresponse()
-        assert response.getheader("Content-Type") == "application/json"
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
-
-
-def chat_body(chat_model, **overrides) -> dict:
-    body = {"model": chat_model.name, "max_tokens": 6, "messages": [
-        {"role": "system", "content": "You are a web agent."},
-        {"role": "user", "content": [{"type": "text", "text": "Click the button."},
-                                     {"type": "image_url", "image_url": {"url": png_url()}}]}]}
-    body.update(overrides)
-    return body
-
-
-def post_chat(server, body, **kw) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return request(server, "POST", "/v1/chat/completions", data, **kw)
 
 
 def test_chat_completion_is_openai_shaped(server, model):

@@ -23,16 +23,11 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from rmsweb_jax.sampling.serve import ChatServer
-from tests.sampling.test_serve import post_chat, request
-from tests.sampling.tiny_chat import tiny_chat_model, tiny_checkpoint_dir
+from tests.sampling.server_http import post_chat, request
+from tests.sampling.tiny_chat import tiny_checkpoint_dir
 
 KEY = "limits-key"
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_chat_model()
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 from rmsweb_jax.judges.base import ERROR, FAILURE, SUCCESS, JudgeInput, Verdict
 from rmsweb_jax.suites.success_rule import SUCCESS_RULES, check_success_rule, counts_as_success
@@ -22,7 +23,7 @@ class ProgrammaticJudge:
         """Returns the verdict read off `attempt.reward` (or `attempt.suite_success`)."""
         reward = attempt.reward
         if reward is not None:
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not _finite(reward):
                 return Verdict(outcome=ERROR, judge=self.name,
                                reason=f"JudgeInput.reward must be a finite number, got {reward!r}")
             won = counts_as_success(reward, self.success)
@@ -35,3 +36,8 @@ class ProgrammaticJudge:
         return Verdict(outcome=ERROR, judge=self.name,
                        reason="no suite reward: JudgeInput.reward and suite_success are both None; the programmatic "
                               "judge needs the suite's reward (MiniWoB++), use an LLM judge for live suites")
+
+
+def _finite(x: int | float) -> bool:
+    # math.isfinite(10**400) raises OverflowError: an int is finite here only within float range.
+    return math.isfinite(x) if isinstance(x, float) else abs(x) <= sys.float_info.max

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from typing import Any
 
 from rmsweb_jax.judges.base import FAILURE, SUCCESS, JudgeInput, Verdict
@@ -161,8 +162,10 @@ def _points(value: Any) -> float | None:
             value = float(value.strip())
         except ValueError:
             return None
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return float(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, int):  # JSON integers are unbounded: one past float range is no score
+        return float(value) if abs(value) <= sys.float_info.max else None
     return None
 
 

@@ -51,7 +51,7 @@ def test_suite_flag_without_reward(click_button, flag, outcome):
     assert ProgrammaticJudge(success="solved").judge(attempt(click_button, suite_success=flag)).outcome == outcome
 
 
-@pytest.mark.parametrize("reward", [None, math.nan, math.inf, "1", True])
+@pytest.mark.parametrize("reward", [None, math.nan, math.inf, "1", True, 10**400])
 def test_missing_or_bad_reward_is_an_error(click_button, reward):
     verdict = ProgrammaticJudge(success="solved").judge(attempt(click_button, reward=reward))
     assert verdict.outcome == "error" and not verdict.success

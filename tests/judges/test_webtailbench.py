@@ -99,6 +99,7 @@ def test_malformed_replies_are_errors(united, reply, expected):
     ([4, -1, 2, 1, 0], False, "earned_points a number in 0..2, got -1"),
     ([4, 2, "", 1, 0], False, "earned_points a number in 0..2, got ''"),
     ([4, 2, 2, None, 0], False, "earned_points a number in 0..3, got None"),
+    ([4, 2, 10**400, 1, 0], False, "earned_points a number in 0..2, got 1000"),  # JSON ints are unbounded
     ([4, 2, 2, 1, 0], None, "expected is_condition_met true or false, got None"),
     ([4, 2, 2, 1, 0], "maybe", "expected is_condition_met true or false, got 'maybe'"),
 ])

@@ -129,16 +129,17 @@ def _logs(procs, tmp_path) -> str:
 
 @pytest.mark.slow
 def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, tiny_checkpoint):
-    port = _free_port()
     common = ["--init", str(tiny_checkpoint)]
     (tmp_path / "ref").mkdir()
     (tmp_path / "mp").mkdir()
-    procs = [_start("reference", [*common, "--workdir", str(tmp_path / "ref_wd"), "--out", str(tmp_path / "ref"),
-                                  "--processes", "1"], 4, tmp_path)]
-    procs += [_start(f"process{i}", [*common, "--workdir", str(tmp_path / "mp_wd"), "--out", str(tmp_path / "mp"),
+    # One after the other: on a 2-core machine, three concurrent processes can starve one of XLA's
+    # in-process collective threads past its 40 s rendezvous limit (the process aborts).
+    _run_all([_start("reference", [*common, "--workdir", str(tmp_path / "ref_wd"), "--out", str(tmp_path / "ref"),
+                                   "--processes", "1"], 4, tmp_path)], tmp_path)
+    port = _free_port()
+    _run_all([_start(f"process{i}", [*common, "--workdir", str(tmp_path / "mp_wd"), "--out", str(tmp_path / "mp"),
                                      "--processes", "2", "--process-id", str(i), "--port", str(port)], 2, tmp_path)
-              for i in range(2)]
-    _run_all(procs, tmp_path)
+              for i in range(2)], tmp_path)
     cfg = Qwen3VLConfig.from_hf_dict(json.loads((tiny_checkpoint / "config.json").read_text()))  # the workers' model
     ref = json.loads((tmp_path / "ref" / "report0.json").read_text())
     mp = [json.loads((tmp_path / "mp" / f"report{i}.json").read_text()) for i in range(2)]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,3 +58,14 @@ def peak_matmul_gflops(seconds: float = 2.0, n: int = 2048) -> float:
     """Returns the best fp32 matmul GFLOP/s of jax on this machine (the MFU denominator)."""
     from rmsweb_jax.train.metrics import measured_matmul_flops
     return measured_matmul_flops(n, seconds) / 1e9
+
+
+def interleaved(runs: dict, steps: int) -> dict:
+    """Returns {name: median seconds per step}, timing the named steps alternately (load drifts hit both)."""
+    times = {name: [] for name in runs}
+    for _ in range(steps):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import functools
 import tempfile
-import time
 
 import common  # noqa: F401  (sets up sys.path / JAX_PLATFORMS)
 import numpy as np
@@ -94,17 +93,6 @@ def make_torch(torch_model, ids, pixels, grid):
     return step, step()
 
 
-def interleaved(runs: dict, steps: int) -> dict:
-    """Returns {name: median seconds per step}, timing the named steps alternately (load drifts hit both)."""
-    times = {name: [] for name in runs}
-    for _ in range(steps):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) for name, t in times.items()}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="3 timed steps each (about a minute)")
@@ -122,7 +110,7 @@ def main():
         torch_model = common.write_bench_checkpoint(d)
         ours_run, ours_loss, cfg = make_ours(d, ids, pixels, grid, args.scan_layers)
         torch_run, torch_loss = make_torch(torch_model, ids, pixels, grid)
-        timed = interleaved({"ours": ours_run, "torch": torch_run}, steps)
+        timed = common.interleaved({"ours": ours_run, "torch": torch_run}, steps)
     ours_s, torch_s = timed["ours"], timed["torch"]
     tokens = batch * length
     # The best of two windows: one slow second of the machine must not set the MFU denominator.

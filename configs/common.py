@@ -32,9 +32,12 @@ def base_config() -> ml_collections.ConfigDict:
 
     # The one prompt every stage builds (rmsweb_jax/agents/prompt.py PromptConfig): collect, sft, action_accuracy.
     c.prompt = ml_collections.ConfigDict()
+    c.prompt.observation = "screenshot"   # the current page as: screenshot | elements (a text list of the page's
+                                          # elements, centre in the action's coordinates, value, state; no
+                                          # image) | both
+    c.prompt.system = "qwen_tools"        # qwen_tools (Qwen's tool block, full schema: real checkpoints) | compact
     c.prompt.history_steps = 4            # earlier steps shown as text (thought + action)
     c.prompt.history_images = 1           # of those, the last k also with their screenshot (<= history_steps)
-    c.prompt.include_elements = False     # list the page's elements with their centre coordinates
     c.prompt.max_elements = 50            # at most this many elements listed
     c.prompt.max_element_name = 80        # accessible names cut to this many characters (>= 8)
     c.prompt.reflection_images = 1        # screenshots of the failed attempt's last steps in the reflection prompt
@@ -134,10 +137,81 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.read_threads = 1               # threads encoding examples in each process
     c.data.read_buffer_size = 8
 
-    # Stage "action_accuracy": greedy per-step action accuracy of a policy on held-out steps.
+    # Stage "action_accuracy": greedy per-step action accuracy of a policy on held-out steps ("steps"), or
+    # its closed-loop success in the browser on held-out seeds ("closed_loop"; rmsweb_jax/stages/action_accuracy.py).
     c.action_accuracy = ml_collections.ConfigDict()
+    c.action_accuracy.mode = "steps"      # steps | closed_loop
     c.action_accuracy.checkpoint = ""     # "" = hf:<workdir>/sft/hf (the sft stage's export); or hf:/path
     c.action_accuracy.max_examples = 0    # 0 = every held-out step
     c.action_accuracy.batch_size = 8      # prompts per generate call
     c.action_accuracy.max_new_tokens = 128
+    c.action_accuracy.closed_loop = ml_collections.ConfigDict()  # MiniWoB++ tasks of collect.tasks, 1 attempt
+    c.action_accuracy.closed_loop.first_seed = 100_000  # seeds first_seed .. + num_seeds - 1: must be disjoint
+    c.action_accuracy.closed_loop.num_seeds = 20         # from the seeds sft trained on (checked against split.json)
+    c.action_accuracy.closed_loop.max_steps = 8
+
+    # Stage "mine": the SFT policy's critical states on the sft training split (rmsweb_jax/mining/).
+    c.mine = ml_collections.ConfigDict()
+    c.mine.checkpoint = ""                # "" = hf:<workdir>/sft/hf (the sft stage's export); or hf:/path
+    c.mine.samples = 8                    # K turns sampled per reference step
+    c.mine.temperature = 1.0
+    c.mine.top_p = 1.0
+    c.mine.max_new_tokens = 256
+    c.mine.tau = 0.5                      # critical: replay accuracy (share of K samples that are the reference
+                                          # action) < tau; routine: >= tau
+    c.mine.batch_states = 4               # states sampled together (x K conversations per sampler call)
+    c.mine.max_batch = 8                  # the sampler's rows per generate call
+    c.mine.seed = 0                       # sampling keys and the routine states kept
+    c.mine.reference_logprob = True       # also log p(reference action | state), one forward pass per batch
+    c.mine.skip_labels = "detour"         # comma-separated teacher labels whose steps are no reference ("" = none)
+    c.mine.max_states = 0                 # replay at most this many reference steps (0 = all of the train split)
+    c.mine.routine_share = 0.2            # routine states in the state set, as a share of it (0 = critical only)
+    c.mine.rollouts = False               # also run the policy on the training tasks and mine divergence points
+    c.mine.repetition_window = 3          # an episode whose last k actions are identical is a repetition loop
+
+    # Stage "salvage": Salvage-DS, group-relative RL on the mined critical states (rmsweb_jax/salvage/).
+    c.salvage = ml_collections.ConfigDict()
+    c.salvage.init = ""                   # "" = hf:<workdir>/sft/hf (the sft stage's export); or hf:/path
+    c.salvage.states = ""                 # "" = <workdir>/mine/states.arrayrecord (the mine stage's state set)
+    c.salvage.seed = 0                    # state order (reshuffled every epoch) and sampling keys
+    c.salvage.group_size = 8              # G responses sampled per state
+    c.salvage.groups_per_step = 4         # B accepted groups per update
+    c.salvage.max_draws_per_step = 16     # draw budget: states sampled per update at most (then the shortfall is logged)
+    c.salvage.temperature = 1.0
+    c.salvage.top_p = 1.0
+    c.salvage.max_new_tokens = 256
+    c.salvage.sample_batch = 8            # sampler rows per call (max(1, sample_batch // G) states, G rows each)
+    c.salvage.reward = "polarized"        # polarized | graded | partial_credit (GUI-R1-style ablation baseline)
+    c.salvage.graded = ml_collections.ConfigDict()  # graded: near-miss category -> reward in (-1, 0); others -1
+    c.salvage.graded.wrong_element_same_role = -0.5
+    c.salvage.graded.wrong_point = -0.5
+    c.salvage.graded.wrong_text = -0.5
+    c.salvage.graded.wrong_enter = -0.5
+    c.salvage.graded.wrong_clear = -0.5
+    c.salvage.partial_credit = ml_collections.ConfigDict()  # partial_credit: term weights (normalized by their sum)
+    c.salvage.partial_credit.format = 0.2
+    c.salvage.partial_credit.action_type = 0.2
+    c.salvage.partial_credit.point = 0.3
+    c.salvage.partial_credit.text = 0.3
+    c.salvage.gates = "contrast_competence"  # none (plain GRPO) | contrast (DAPO-style filter) | contrast_competence
+    c.salvage.contrast_std_min = 0.0      # contrast also needs the group's reward std above this
+    # Share of correct samples a group needs. With G = 8 contrast alone already means 1/8..7/8 correct, so
+    # [0.125, 0.875] would gate nothing; [0.25, 0.75] also rejects a lone lucky hit (one sample carrying a
+    # +2.6-sigma advantage, often a coincidence on a critical state) and a lone slip on a nearly routine state.
+    # Rejected groups still learn through the anchor.
+    c.salvage.competence_min = 0.25
+    c.salvage.competence_max = 0.75
+    c.salvage.std_normalize = True        # advantages (r - mean) / (std + eps); False: r - mean
+    c.salvage.anchor = "all"              # rejected groups anchored (NLL of the reference action): all | all_negative | off
+    c.salvage.loss = ml_collections.ConfigDict()  # the update (rmsweb_jax/train/rl_loss.py RLLossSettings)
+    c.salvage.loss.clip_low = 0.2         # ratio clipped to [1 - clip_low, 1 + clip_high] (PPO / DAPO)
+    c.salvage.loss.clip_high = 0.28       # DAPO's clip-higher: more room to raise unlikely correct tokens
+    c.salvage.loss.aggregation = "token_mean"  # token_mean | sequence_mean_token_mean
+    c.salvage.loss.kl_beta = 0.0          # k3 KL to the frozen SFT policy; 0 = off (no reference forward pass)
+    c.salvage.loss.anchor_weight = 0.1    # lambda: weight of the action-only anchor NLL on anchor rows
     return c
+
+
+def get_config(arg=None):
+    """Returns the defaults alone (`--config=configs/common.py`): what tests compare a run against."""
+    return base_config()

@@ -5,11 +5,15 @@ mean, std, count, the fraction of positive rewards, the advantages (r - mean) / 
 (or r - mean with std_normalize=False) and two gate flags that Salvage-DS dynamic sampling
 uses to keep a group:
 
-* contrast:   the group holds at least one positive (reward > 0) and one non-positive valid
-              reward, and its std is above `contrast_std_min`. With +1/-1 rewards this is
-              "not all the same outcome".
-* competence: the group is non-empty and its fraction of positive rewards lies in
+* contrast:   the group holds at least one positive and one non-positive valid member, and its
+              reward std is above `contrast_std_min`. With +1/-1 rewards this is "not all the
+              same outcome".
+* competence: the group is non-empty and its fraction of positive members lies in
               [competence_min, competence_max] (both ends included).
+
+A member is positive when its `correct` flag is set ([num_groups, G] bool, when given: Salvage-DS
+passes whether each sample is the reference action, so the gates mean the same thing under any
+reward, partial credit included), else when its reward > `positive_threshold` (default 0).
 
 Numerics shared by both implementations: masked members may hold anything (NaN included),
 they never reach a sum; the mean is taken around a pivot (the group's largest valid reward)
@@ -41,7 +45,7 @@ class GroupStats(NamedTuple):
     std: jax.Array
     count: jax.Array  # valid members, float32
     advantages: jax.Array  # 0 at masked members
-    competence_frac: jax.Array  # fraction of valid members with reward > 0
+    competence_frac: jax.Array  # fraction of valid members that are positive (correct, or reward > threshold)
     contrast: jax.Array  # bool
     competence: jax.Array  # bool
 
@@ -56,29 +60,35 @@ class Gates:
     contrast_std_min: float = 0.0
     competence_min: float = 0.0
     competence_max: float = 1.0
+    positive_threshold: float = 0.0  # a member is positive when reward > this (without `correct`)
 
 
-def grouped_advantages(rewards, mask=None, *, eps: float = 1e-6, std_normalize: bool = True,
+def grouped_advantages(rewards, mask=None, *, correct=None, eps: float = 1e-6, std_normalize: bool = True,
                        ddof: int = 0, contrast_std_min: float = 0.0,
                        competence_min: float = 0.0, competence_max: float = 1.0,
+                       positive_threshold: float = 0.0,
                        impl: str | None = None, block_groups: int | None = None) -> GroupStats:
     """Returns GroupStats for rewards [num_groups, G] (mask: True/nonzero = valid member).
+
+    correct: [num_groups, G] bool (True/nonzero = the member counts as positive for contrast and
+    competence); None: positive means reward > positive_threshold.
 
     impl: None (Pallas on TPU, "reference" on CPU and GPU), "reference", "pallas",
     "pallas_interpret". block_groups: groups per Pallas block (a multiple of 128 on TPU).
     Gradients w.r.t. rewards flow through every path (the Pallas one via custom_vjp).
     """
     rewards, valid = _validate(rewards, mask)
+    correct_f = None if correct is None else _validate_correct(correct, rewards.shape)
     gates = Gates(float(eps), bool(std_normalize), int(ddof), float(contrast_std_min),
-                  float(competence_min), float(competence_max))
+                  float(competence_min), float(competence_max), float(positive_threshold))
     _validate_gates(gates)
     launch = _dispatch.resolve(impl, allowed=("reference", "pallas", "pallas_interpret"),
                                cpu_default="reference")
     if launch.impl == "reference":
-        arrays = _reference_arrays(rewards, valid.astype(f32), gates)
+        arrays = _reference_arrays(rewards, valid.astype(f32), gates, correct_f)
     else:
         arrays = grouped_arrays_pallas(rewards, valid.astype(f32), gates, launch.platform,
-                                       launch.interpret, block_groups)
+                                       launch.interpret, block_groups, correct_f)
     return _to_stats(arrays)
 
 
@@ -91,8 +101,11 @@ def grouped_advantages_reference(rewards, mask=None, **gates) -> GroupStats:
 
 
 @functools.partial(jax.jit, static_argnames=("gates",))
-def _reference_arrays(r, valid_f, gates: Gates):
-    """Returns (mean, std, count, competence_frac, contrast, competence, advantages), all f32."""
+def _reference_arrays(r, valid_f, gates: Gates, correct_f=None):
+    """Returns (mean, std, count, competence_frac, contrast, competence, advantages), all f32.
+
+    correct_f: [N, G] float32 (1 = positive) or None (positive = reward > gates.positive_threshold).
+    """
     valid = valid_f > 0.5
     r = jnp.where(valid, r, 0.0)
     count = jnp.sum(valid, axis=-1).astype(f32)
@@ -106,7 +119,8 @@ def _reference_arrays(r, valid_f, gates: Gates):
     var = jnp.sum(centered * centered, axis=-1) / jnp.maximum(count - gates.ddof, 1.0)
     std = _safe_sqrt(var)
     adv = centered / (std[:, None] + gates.eps) if gates.std_normalize else centered
-    n_pos = jnp.sum(valid & (r > 0), axis=-1).astype(f32)
+    positive = r > gates.positive_threshold if correct_f is None else correct_f > 0.5
+    n_pos = jnp.sum(valid & positive, axis=-1).astype(f32)
     frac = n_pos / denom
     contrast = (n_pos > 0) & (n_pos < count) & (std > gates.contrast_std_min)
     competence = (count > 0) & (frac >= gates.competence_min) & (frac <= gates.competence_max)
@@ -124,8 +138,10 @@ def _safe_sqrt(x):
 _STAT_ROWS = 8  # mean, std, count, frac, contrast, competence + 2 spare: one (8, 128) tile
 
 
-def _group_kernel(r_ref, m_ref, stats_ref, adv_ref, *, gates: Gates):
-    """One block: members on sublanes (axis 0), groups on lanes (axis 1)."""
+def _group_kernel(r_ref, m_ref, *refs, gates: Gates, has_correct: bool):
+    """One block: members on sublanes (axis 0), groups on lanes (axis 1). refs: (correct,)
+    when has_correct, then the two outputs (stats, advantages)."""
+    c_ref, stats_ref, adv_ref = refs if has_correct else (None, *refs)
     valid = m_ref[...] > 0.5
     r = jnp.where(valid, r_ref[...], 0.0)
     count = jnp.sum(jnp.where(valid, 1.0, 0.0), axis=0, keepdims=True)
@@ -137,7 +153,8 @@ def _group_kernel(r_ref, m_ref, stats_ref, adv_ref, *, gates: Gates):
     var = jnp.sum(centered * centered, axis=0, keepdims=True) / jnp.maximum(
         count - gates.ddof, 1.0)
     std = jnp.sqrt(var)
-    n_pos = jnp.sum(jnp.where(valid & (r > 0), 1.0, 0.0), axis=0, keepdims=True)
+    positive = c_ref[...] > 0.5 if has_correct else r > gates.positive_threshold
+    n_pos = jnp.sum(jnp.where(valid & positive, 1.0, 0.0), axis=0, keepdims=True)
     frac = n_pos / denom
     contrast = (n_pos > 0) & (n_pos < count) & (std > gates.contrast_std_min)
     competence = (count > 0) & (frac >= gates.competence_min) & (frac <= gates.competence_max)
@@ -171,24 +188,24 @@ def _block_layout(num_groups: int, group_size: int, platform: str, block_groups:
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
 def _pallas_forward(r, valid_f, gates: Gates, platform: str, interpret: bool,
-                    block_groups: int | None):
+                    block_groups: int | None, correct_f=None):
     n, g = r.shape
     g_pad, bn, n_pad = _block_layout(n, g, platform, block_groups)
     # Transposed so groups land on lanes; padding is masked out (count 0 -> zeros).
-    r_t = jnp.pad(r.T, ((0, g_pad - g), (0, n_pad - n)))
-    m_t = jnp.pad(valid_f.T, ((0, g_pad - g), (0, n_pad - n)))
+    inputs = [r, valid_f] + ([] if correct_f is None else [correct_f])
+    inputs = [jnp.pad(x.T, ((0, g_pad - g), (0, n_pad - n))) for x in inputs]
     spec = pl.BlockSpec((g_pad, bn), lambda i: (0, i))
     stats, adv = pl.pallas_call(
-        functools.partial(_group_kernel, gates=gates),
+        functools.partial(_group_kernel, gates=gates, has_correct=correct_f is not None),
         grid=(n_pad // bn,),
-        in_specs=[spec, spec],
+        in_specs=[spec] * len(inputs),
         out_specs=[pl.BlockSpec((_STAT_ROWS, bn), lambda i: (0, i)), spec],
         out_shape=[jax.ShapeDtypeStruct((_STAT_ROWS, n_pad), f32),
                    jax.ShapeDtypeStruct((g_pad, n_pad), f32)],
         compiler_params=_compiler_params(platform),
         interpret=interpret,
         name="grouped_advantages",
-    )(r_t, m_t)
+    )(*inputs)
     return tuple(stats[i, :n] for i in range(6)) + (adv[:g, :n].T,)
 
 
@@ -202,26 +219,27 @@ def _compiler_params(platform: str):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
 def grouped_arrays_pallas(r, valid_f, gates: Gates, platform: str, interpret: bool,
-                          block_groups: int | None):
+                          block_groups: int | None, correct_f=None):
     """Returns the Pallas kernel's (mean, std, count, frac, contrast, competence, advantages).
 
     `platform` picks the block layout ("tpu" or "gpu"); with interpret=True either layout
-    runs on CPU. r: [N, G] float32, valid_f: [N, G] float32 (1 = valid).
+    runs on CPU. r: [N, G] float32, valid_f: [N, G] float32 (1 = valid), correct_f: [N, G]
+    float32 (1 = positive) or None (positive = reward > gates.positive_threshold).
     """
-    return _pallas_forward(r, valid_f, gates, platform, interpret, block_groups)
+    return _pallas_forward(r, valid_f, gates, platform, interpret, block_groups, correct_f)
 
 
-def _pallas_fwd(r, valid_f, gates, platform, interpret, block_groups):
-    out = _pallas_forward(r, valid_f, gates, platform, interpret, block_groups)
-    return out, (r, valid_f)
+def _pallas_fwd(r, valid_f, gates, platform, interpret, block_groups, correct_f):
+    out = _pallas_forward(r, valid_f, gates, platform, interpret, block_groups, correct_f)
+    return out, (r, valid_f, correct_f)
 
 
 def _pallas_bwd(gates, platform, interpret, block_groups, residuals, cotangents):
     # The backward is cheap elementwise math over [N, G]: the reference's VJP is exact.
-    r, valid_f = residuals
-    _, vjp = jax.vjp(lambda x: _reference_arrays(x, valid_f, gates), r)
+    r, valid_f, correct_f = residuals
+    _, vjp = jax.vjp(lambda x: _reference_arrays(x, valid_f, gates, correct_f), r)
     (d_r,) = vjp(cotangents)
-    return d_r, jnp.zeros_like(valid_f)
+    return d_r, jnp.zeros_like(valid_f), None if correct_f is None else jnp.zeros_like(correct_f)
 
 
 grouped_arrays_pallas.defvjp(_pallas_fwd, _pallas_bwd)
@@ -250,6 +268,13 @@ def _validate(rewards, mask):
             raise ValueError(f"mask shape {mask.shape} must equal rewards shape {rewards.shape}")
         valid = mask.astype(bool)
     return rewards.astype(f32), valid
+
+
+def _validate_correct(correct, shape) -> jax.Array:
+    correct = jnp.asarray(correct)
+    if correct.shape != tuple(shape):
+        raise ValueError(f"correct shape {correct.shape} must equal rewards shape {tuple(shape)}")
+    return correct.astype(bool).astype(f32)
 
 
 def _validate_gates(gates: Gates) -> None:

@@ -15,6 +15,15 @@ def file_sha256(path: str | pathlib.Path) -> str:
     return digest.hexdigest()
 
 
+def fsync_file(path: str | pathlib.Path) -> None:
+    """Flushes the file at `path` to disk (before renaming it into place)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(directory: pathlib.Path) -> None:
     """Makes the renames in `directory` durable (a rename is only on disk once its folder is synced)."""
     fd = os.open(directory, os.O_RDONLY)

@@ -29,7 +29,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 # Stage name -> the module of rmsweb_jax.stages whose run(config, workdir) runs it, imported when needed
 # (so that --help and a misspelt stage name answer at once).
 STAGES = {"model": "model_smoke", "collect": "collect", "train_smoke": "train_smoke", "sft": "sft",
-          "action_accuracy": "action_accuracy"}
+          "action_accuracy": "action_accuracy", "mine": "mine",
+          "salvage": "salvage"}
 USAGE_ERROR = 2  # exit status of a user error, as argparse and absl's usage errors use
 TRACEBACK_ENV = "RMSWEB_TRACEBACK"
 

@@ -25,7 +25,7 @@ def test_demo_config_runs_the_model_stage_with_overrides(tmp_path):
     report = json.loads((tmp_path / "model_smoke.json").read_text())
     assert report["generated_tokens"] <= 5 and report["prompt_tokens"] > 20
     assert report["image_grid_thw"][0][0] == 1
-    assert (tmp_path / "checkpoints" / "random_tiny" / "tokenizer.json").is_file()
+    assert (tmp_path / "checkpoints" / "random_demo" / "tokenizer.json").is_file()  # the demo's preset
     stages = json.loads((tmp_path / "stages.json").read_text())
     assert [s["stage"] for s in stages] == ["model"]
     saved = json.loads((tmp_path / "config.json").read_text())

@@ -50,6 +50,9 @@ class PolicyOutput:
 
     `action` is None when the text is not a valid action; `error` then names why (a
     ParseError reason and message). Token counts and log-probs are filled by model policies.
+    `label` is a scripted policy's mark on its own turn, stored with the step: the
+    ScriptedTeacher's injected mistake kind ("detour", "wrong_element", "early_stop"); None for
+    a planned move and for every model policy.
     """
 
     text: str
@@ -59,6 +62,7 @@ class PolicyOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     logprobs: tuple[float, ...] | None = None
+    label: str | None = None
 
     @classmethod
     def from_text(cls, text: str, observation: Observation, **counts: Any) -> "PolicyOutput":

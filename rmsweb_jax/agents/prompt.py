@@ -4,6 +4,12 @@ Collection, SFT, mining, Salvage-DS and evaluation all build their chat messages
 model is trained on exactly the prompt it is sampled with. Messages are OpenAI chat format with
 screenshots as PNG data-URL parts (`processing.chat` renders them through the chat template;
 `HttpPolicy` sends them as they are).
+
+What the model sees is config.prompt's choice: `observation` = "screenshot" (the default, what a
+real Qwen3-VL checkpoint reads), "elements" (a text list of the page's elements with their centres
+in the action's own coordinate grid and their state: no image at all, for small models trained
+from scratch) or "both"; `system` = "qwen_tools" (Qwen's function-calling block with the full
+tool schema, ~1,900 tokens) or "compact" (the same actions and coordinate rule in a few lines).
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from rmsweb_jax.agents.policy import PastStep, ReflectionRequest, StepContext
 from rmsweb_jax.processing.chat import image_url_part
 from rmsweb_jax.web.action_text import CLOSE, OPEN, TOOL_NAME
 from rmsweb_jax.web.actions import ACTION_NAMES, MAX_WAIT_S, CoordinateSpace
+from rmsweb_jax.web.elements import Element
 from rmsweb_jax.web.observation import Observation
 
 # What each action does, and the arguments it requires / may take (actions.py enforces the same).
@@ -49,22 +56,30 @@ AGENT_INTRO = ("You are a web agent. You complete the user's task in a web brows
                "the page and acting on it with the computer_use tool, one action per turn.")
 RESPONSE_FORMAT = ("In each turn, first write a short thought about what you see and what to do next, then exactly "
                    "one tool call. When the task is complete, call the `answer` action.")
+COMPACT_INTRO = "Web agent: a short thought, then one computer_use call per turn; answer when done."
 REFLECTION_HEADER = "Reflections on your earlier failed attempts at this task (use them; do not repeat those mistakes):"
+
+
+OBSERVATIONS = ("screenshot", "elements", "both")
+SYSTEM_PROMPTS = ("qwen_tools", "compact")
 
 
 @dataclasses.dataclass(frozen=True)
 class PromptConfig:
-    """What the user turn shows (every field from config.prompt: configs/common.py holds the defaults).
+    """What the prompt shows (every field from config.prompt: configs/common.py holds the defaults).
 
-    `history_steps` earlier steps as text (thought + action), of which the last `history_images`
-    also with their screenshot; `include_elements` adds up to `max_elements` page elements with
-    their centres; `reflection_images` screenshots of the failed attempt (its last steps) go into
-    the reflection prompt; `max_element_name` truncates long accessible names.
+    `observation` is what the current page is shown as: its "screenshot", its "elements" (up to
+    `max_elements` of them, with centre and state, names cut to `max_element_name` characters) or
+    "both". `history_steps` earlier steps as text (thought + action), of which the last
+    `history_images` also with their screenshot; `reflection_images` screenshots of the failed
+    attempt (its last steps) go into the reflection prompt. `system` is the system prompt:
+    "qwen_tools" (Qwen's tool block with the full schema) or "compact".
     """
 
+    observation: str
+    system: str
     history_steps: int
     history_images: int
-    include_elements: bool
     max_elements: int
     max_element_name: int
     reflection_images: int
@@ -77,16 +92,32 @@ class PromptConfig:
         if self.history_images > self.history_steps:
             raise ValueError(f"config.prompt.history_images ({self.history_images}) must not exceed history_steps "
                              f"({self.history_steps}): a screenshot is shown only with its step's text")
-        if not isinstance(self.include_elements, bool):
-            raise ValueError(f"config.prompt.include_elements must be a bool, got {self.include_elements!r}")
+        if self.observation not in OBSERVATIONS:
+            raise ValueError(f"config.prompt.observation = {self.observation!r}; expected one of {list(OBSERVATIONS)}")
+        if self.system not in SYSTEM_PROMPTS:
+            raise ValueError(f"config.prompt.system = {self.system!r}; expected one of {list(SYSTEM_PROMPTS)}")
         if self.max_element_name < 8:
             raise ValueError(f"config.prompt.max_element_name must be >= 8 characters, got {self.max_element_name}")
+
+    @property
+    def shows_screenshot(self) -> bool:
+        """Returns whether the current page's screenshot is in the user turn."""
+        return self.observation in ("screenshot", "both")
+
+    @property
+    def shows_elements(self) -> bool:
+        """Returns whether the current page's element list is in the user turn."""
+        return self.observation in ("elements", "both")
 
     @classmethod
     def from_config(cls, cfg) -> "PromptConfig":
         """Returns the PromptConfig of a config.prompt section, which must name every field."""
         names = {f.name for f in dataclasses.fields(cls)}
         d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+        if "include_elements" in d:
+            raise ValueError(f"config.prompt.include_elements (= {d['include_elements']!r}) was replaced by "
+                             "config.prompt.observation: include_elements=False is observation='screenshot', True is "
+                             "observation='both' ('elements' shows the list without the screenshot)")
         unknown, missing = sorted(set(d) - names), sorted(names - set(d))
         if unknown or missing:
             wrong = "; ".join(([f"unknown key(s) {unknown}"] if unknown else [])
@@ -140,14 +171,30 @@ def tool_schema(space: CoordinateSpace) -> dict[str, Any]:
         "parameters": {"type": "object", "properties": properties, "required": ["action"]}}}
 
 
-def system_prompt(space: CoordinateSpace) -> str:
-    """Returns the system prompt: the agent's role and the tool in Qwen's function-calling format."""
+def system_prompt(space: CoordinateSpace, kind: str = "qwen_tools") -> str:
+    """Returns the system prompt of `kind` (config.prompt.system): the agent's role and the tool in
+    Qwen's function-calling format ("qwen_tools"), or the same actions in a few lines ("compact")."""
+    if kind == "compact":
+        return compact_system_prompt(space)
+    if kind != "qwen_tools":
+        raise ValueError(f"system prompt kind {kind!r}; expected one of {list(SYSTEM_PROMPTS)}")
     tool = json.dumps(tool_schema(space), ensure_ascii=False)
     return (f"{AGENT_INTRO}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
             f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tool}\n</tools>\n\n"
             "For each function call, return a json object with function name and arguments within "
             f"{OPEN}{CLOSE} XML tags:\n{OPEN}\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n"
             f"{CLOSE}\n\n{RESPONSE_FORMAT}")
+
+
+def compact_system_prompt(space: CoordinateSpace) -> str:
+    """Returns the compact system prompt: the call format, each action with its required arguments and
+    the coordinate rule in ~300 characters (instead of the ~1,900-token tool schema); for small models
+    trained on the prompt, where every prompt token is paid for in every example."""
+    actions = " ".join(f"{name}({','.join(ACTION_DOCS[name][1])})" for name in ACTION_NAMES)
+    grid = ("0-1000 grid over the page" if space.kind == "relative"
+            else f"pixels of the {space.width}x{space.height} screenshot")
+    return (f"{COMPACT_INTRO}\n{OPEN}\n{{\"name\": \"{TOOL_NAME}\", \"arguments\": {{\"action\": ...}}}}\n{CLOSE}\n"
+            f"Actions: {actions}\ncoordinate: [x, y], {grid}, [0,0] top-left.")
 
 
 def action_summary(action_text: str) -> str:
@@ -174,7 +221,7 @@ class PromptBuilder:
     def messages(self, ctx: StepContext) -> list[dict[str, Any]]:
         """Returns [system, user] messages for one step: task, reflections, history, current screenshot."""
         obs = ctx.observation
-        return [{"role": "system", "content": system_prompt(obs.coordinate_space)},
+        return [{"role": "system", "content": system_prompt(obs.coordinate_space, self.config.system)},
                 {"role": "user", "content": self.user_content(ctx)}]
 
     def user_content(self, ctx: StepContext) -> list[dict[str, Any]]:
@@ -198,16 +245,19 @@ class PromptBuilder:
                     parts.append(image_url_part(step.screenshot))
                 parts.append(_text(_step_text(number, step)))
         notes = _observation_notes(obs)
-        parts.append(_text(f"Current page: {obs.url}" + (f" ({obs.title})" if obs.title else "")
-                           + "".join(f"\n{n}" for n in notes) + "\nCurrent screenshot:"))
-        parts.append(image_url_part(obs.screenshot))
-        if cfg.include_elements:
+        page = f"Current page: {obs.url}" + (f" ({obs.title})" if obs.title else "") + "".join(f"\n{n}" for n in notes)
+        if cfg.shows_screenshot:
+            parts.append(_text(page + "\nCurrent screenshot:"))
+            parts.append(image_url_part(obs.screenshot))
+        else:
+            parts.append(_text(page))
+        if cfg.shows_elements:
             parts.append(_text(self.element_list(obs)))
         parts.append(_text("What is the next action? Write a short thought, then one tool call."))
         return _end(parts)
 
     def element_list(self, obs: Observation) -> str:
-        """Returns the page's elements (id, role, name, value, centre in the observation's coordinates)."""
+        """Returns the page's elements (id, role, name, value, state, centre in the action's coordinates)."""
         cfg, space = self.config, obs.coordinate_space
         shown = [e for e in obs.elements if e.interactive or e.name.strip()]
         lines = []
@@ -215,9 +265,10 @@ class PromptBuilder:
             x, y = space.from_css(e.bbox.center, obs.viewport)
             name = e.name if len(e.name) <= cfg.max_element_name else e.name[:cfg.max_element_name - 3] + "..."
             value = f" value={json.dumps(e.value, ensure_ascii=False)}" if e.value else ""
-            lines.append(f"[{e.id}] {e.role} {json.dumps(name, ensure_ascii=False)}{value} at [{x}, {y}]")
+            state = "".join(f" {s}" for s in element_states(e, obs))
+            lines.append(f"[{e.id}] {e.role} {json.dumps(name, ensure_ascii=False)}{value}{state} at [{x}, {y}]")
         more = f"\n({len(shown) - cfg.max_elements} more elements not listed)" if len(shown) > cfg.max_elements else ""
-        header = "Page elements (id, role, name, centre coordinate):"
+        header = "Page elements (id, role, name, value, state, centre coordinate):"
         return header + ("\n" + "\n".join(lines) if lines else "\n(none)") + more
 
     @staticmethod
@@ -255,6 +306,12 @@ class PromptBuilder:
         parts.append(_text(f"Judge's verdict: {req.verdict}\nReason: {req.verdict_reason}\n\n"
                            "Write the reflection: which step went wrong, what went wrong, and what to do instead."))
         return [{"role": "system", "content": system}, {"role": "user", "content": _end(parts)}]
+
+
+def element_states(element: Element, obs: Observation) -> tuple[str, ...]:
+    """Returns the element's state words as the element list shows them: "focused" (the observation's
+    focused element) and the accessibility states the element carries (checked, selected, expanded, ...)."""
+    return (("focused",) if element.id == obs.focused_id else ()) + element.states
 
 
 def _text(text: str) -> dict[str, str]:

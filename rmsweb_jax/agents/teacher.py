@@ -26,6 +26,9 @@ longer ones, and early stops end failed attempts early.)
 Episode identity comes from StepContext.key, "<request id>/<step>", with request ids like
 "<task id>#<seed>@<attempt>": the mistake draw uses the part before "@", the per-episode memory
 the whole request id. `step` is StepContext.step, 0-based; reflections number steps from 1.
+Every turn that is an injected mistake carries its kind as PolicyOutput.label, which the
+collector stores as StepRecord.label (mining skips labelled detours as references); planned
+moves and the teacher's other answers (done, unsupported, lost track) carry None.
 """
 from __future__ import annotations
 
@@ -287,14 +290,15 @@ class ScriptedTeacher:
         run.kinds.append(kind)
         if kind == "early_stop":
             run.mistakes[step] = InjectedMistake(step, kind, "answered that the task was done", move.goal)
-            return _answer(obs, "The task looks done.", "done")
+            return _answer(obs, "The task looks done.", "done", label=kind)
         if kind == "wrong_element":
             other = others[_pick(self.mistakes.seed, len(others), "which", run.task_id, run.episode, step)]
             label = _label(other, obs)
             wrong = dataclasses.replace(move, target=dataclasses.replace(move.target, label=label))
             did = f"clicked {label}" if move.kind == "click" else f'typed "{move.text}" into {label}'
             run.mistakes[step] = InjectedMistake(step, kind, did, move.goal)
-            return _output(obs, solvers.action_for(wrong, other, obs), _thought(ctx, step, wrong.goal, last=False))
+            return _output(obs, solvers.action_for(wrong, other, obs), _thought(ctx, step, wrong.goal, last=False),
+                           label=kind)
         # A detour: looks busy, changes nothing the task checks.
         variant = _pick(self.mistakes.seed, 3, "detour", run.task_id, run.episode, step)
         if variant == 0:
@@ -312,7 +316,7 @@ class ScriptedTeacher:
             action, did, thought = (Action("wait", seconds=DETOUR_WAIT_S), "waited",
                                     "Let me wait a moment for the page to settle.")
         run.mistakes[step] = InjectedMistake(step, kind, did, move.goal)
-        return _output(obs, action, thought)
+        return _output(obs, action, thought, label=kind)
 
 
 # --- text ---------------------------------------------------------------------------------
@@ -362,12 +366,12 @@ def _mistake_sentences(run: _Run) -> list[str]:
 
 
 # --- helpers ------------------------------------------------------------------------------
-def _output(obs: Observation, action: Action, thought: str) -> PolicyOutput:
-    return PolicyOutput.from_text(format_action(action, thought), obs)
+def _output(obs: Observation, action: Action, thought: str, *, label: str | None = None) -> PolicyOutput:
+    return PolicyOutput.from_text(format_action(action, thought), obs, label=label)
 
 
-def _answer(obs: Observation, thought: str, text: str) -> PolicyOutput:
-    return _output(obs, Action.answer_with(text), thought)
+def _answer(obs: Observation, thought: str, text: str, *, label: str | None = None) -> PolicyOutput:
+    return _output(obs, Action.answer_with(text), thought, label=label)
 
 
 def _digest(*parts: Any) -> int:

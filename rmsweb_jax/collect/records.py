@@ -25,6 +25,7 @@ StepRecord (kind "step") — one step of one attempt, self-contained:
 | parse_error | str or None | why `text` is not a valid action ("<reason>: <message>") |
 | exec_error | str or None | why the executed action failed on the page, if it did |
 | prompt_tokens, completion_tokens | int | token counts of the policy call (0 for the teacher) |
+| label | str or None | the teacher's injected mistake kind here ("detour", "wrong_element", "early_stop"), else None |
 
 TrajectoryRecord (kind "trajectory") — one attempt of one task:
 
@@ -51,6 +52,11 @@ TrajectoryRecord (kind "trajectory") — one attempt of one task:
 partial on some pages (click-checkboxes: (#right - #wrong) / n); `success` is what the judge
 made of it under the run's rule (suites/success_rule.py). An attempt with status "failed" was
 lost to the browser faults listed, after its reruns.
+
+Versions: 1 the first; 2 added StepRecord.label. A store of another version is refused (store.json
+and every record carry the version; store_layout.read_meta says to collect into a new store):
+a version-1 store cannot say which of its steps were teacher detours, so reading it as "no
+labels" would silently train and mine on them as references.
 """
 from __future__ import annotations
 
@@ -65,7 +71,7 @@ from rmsweb_jax.web.actions import Action, SemanticTarget
 from rmsweb_jax.web.elements import Element
 from rmsweb_jax.web.observation import Observation
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STEP, TRAJECTORY = "step", "trajectory"
 # Verdict.judge of an attempt lost to browser faults: the collector's own verdict, no judge call.
 FAULT_JUDGE = "pool"
@@ -114,6 +120,7 @@ class StepRecord:
     exec_error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    label: str | None = None
 
     @property
     def target(self) -> SemanticTarget | None:

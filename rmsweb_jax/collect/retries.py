@@ -125,11 +125,20 @@ class RetryCollector:
         """Returns the summary after every (task, seed) not yet in the store is collected."""
         return asyncio.run(self.run_async(tasks, seeds))
 
+    def run_pairs(self, pairs: Sequence[tuple[Any, int]]) -> CollectSummary:
+        """Returns the summary after every (task, seed) pair not yet in the store is collected
+        (pairs, not tasks x seeds: e.g. the task groups of another store)."""
+        return asyncio.run(self.run_pairs_async(pairs))
+
     async def run_async(self, tasks: Sequence[Any], seeds: Sequence[int]) -> CollectSummary:
         """Returns the summary after every (task, seed) not yet in the store is collected."""
+        return await self.run_pairs_async([(t, s) for t in tasks for s in seeds])
+
+    async def run_pairs_async(self, pairs: Sequence[tuple[Any, int]]) -> CollectSummary:
+        """Returns the summary after every (task, seed) pair not yet in the store is collected."""
         started = time.monotonic()
         # One group per (task id, seed), in the order given; repeats would collide in the store.
-        pairs = list({task_key(_task_id(t), s): (t, int(s)) for t in tasks for s in seeds}.values())
+        pairs = list({task_key(_task_id(t), s): (t, int(s)) for t, s in pairs}.values())
         finished = self.store.finished_task_keys()
         todo = [_Group(task, seed, i) for i, (task, seed) in enumerate(pairs)
                 if task_key(_task_id(task), seed) not in finished]
@@ -295,7 +304,8 @@ def _step_records(group: _Group, attempt: int, episode: Episode, outputs: dict[i
             viewport=tuple(obs.viewport), screenshot_size=tuple(obs.screenshot_size), coordinates=obs.coordinates,
             elements=obs.elements, focused_id=obs.focused_id, last_error=obs.last_error, text=out.text,
             thought=thought, action_text=action_text, action=action, parse_error=out.error,
-            exec_error=after.last_error, prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens))
+            exec_error=after.last_error, prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
+            label=out.label))
     return records
 
 

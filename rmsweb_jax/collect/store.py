@@ -39,7 +39,7 @@ from rmsweb_jax.collect.store_layout import (
     LAYOUT, STEPS, STORE_FILE, STORE_FORMAT, TMP_PREFIX, TRAJECTORIES, Flush, StoreError, close_failed, describe,
     find_damage, load_flushes, lock_store, marker_name, open_reader, orphan_files,
     parse_shard_name, read_meta, repair_hint, shard_name, used_seqs, write_atomic)
-from rmsweb_jax.durable import file_sha256, fsync_dir
+from rmsweb_jax.durable import file_sha256, fsync_dir, fsync_file
 
 # group_size 1: every record is its own chunk, as random access (Grain) wants. zstd is cheap on
 # CPU and the PNG bytes inside do not compress further anyway.
@@ -358,11 +358,7 @@ def _write_shard(path: pathlib.Path, records: Iterable[bytes]) -> dict[str, Any]
             raise OSError(f"writing shard {tmp} failed")
     finally:
         writer.close()
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_file(tmp)
     info = {"file": path.name, "records": count, "bytes": tmp.stat().st_size, "sha256": file_sha256(tmp)}
     os.replace(tmp, path)
     return info

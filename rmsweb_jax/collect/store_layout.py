@@ -117,7 +117,8 @@ def read_meta(directory: pathlib.Path) -> dict[str, Any]:
         raise StoreError(f"{path} is not JSON: {e}") from None
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise StoreError(f"store {directory} has schema version {meta.get('schema_version')!r}; "
-                         f"this code reads version {SCHEMA_VERSION}")
+                         f"this code reads version {SCHEMA_VERSION} (see collect/records.py): collect into a new "
+                         "store (collect.store_dir) with this code")
     return meta
 
 

@@ -7,6 +7,14 @@ An encoded example is a dict (see `data.sft.encode_example`):
     pixel_values    float32 [p, D]   the example's image patches in token order (p may be 0)
     image_grid_thw  int64   [k, 3]   its images' grids (k may be 0)
     name            str              where it came from ("<request id>/<step>"), for messages
+    token_<name>    float   [n]      (optional) per-token fields aligned with input_ids like loss_mask (e.g. the
+                                     sampling policy's log-probs of an RL response)
+    <other>         number / [...]   (optional) per-row fields (e.g. advantage, anchor)
+
+The optional fields travel into the batch: token_* ones placed like loss_mask ([B, L], 0 on padding
+and between packed sequences), per-row ones stacked ([B, ...], 0 on padding rows; only when every
+row holds one example, i.e. bucketing: a packed row has no single value). Every example of a batch
+must carry the same optional fields.
 
 Batches follow the trainer's contract (rmsweb_jax/train/batch.py): input_ids / segment_ids /
 loss_mask [B, L], pixel_values [P, D] (every image of the batch in row-major token order, then
@@ -38,6 +46,8 @@ import numpy as np
 from absl import logging
 
 BATCHING_MODES = ("bucket", "pack")
+EXAMPLE_KEYS = ("input_ids", "loss_mask", "pixel_values", "image_grid_thw", "name")
+TOKEN_PREFIX = "token_"  # as train/batch.py's contract: per-token fields aligned with input_ids
 TOO_LONG_MODES = ("error", "drop")
 
 
@@ -116,6 +126,7 @@ def assemble(rows: Sequence[Sequence[dict]], length: int, patch_rows: int, patch
             if len(ex["image_grid_thw"]):
                 pixels.append(np.asarray(ex["pixel_values"], np.float32))
                 grids.append(np.asarray(ex["image_grid_thw"], np.int64).reshape(-1, 3))
+    extras = _extras(rows, length)
     pv = np.zeros((patch_rows, patch_dim), np.float32)
     used = 0
     for p in pixels:
@@ -126,7 +137,51 @@ def assemble(rows: Sequence[Sequence[dict]], length: int, patch_rows: int, patch
         pv[used:used + len(p)] = p
         used += len(p)
     grid = np.concatenate(grids) if grids else np.zeros((0, 3), np.int64)
-    return {"input_ids": ids, "segment_ids": seg, "loss_mask": mask, "pixel_values": pv, "image_grid_thw": grid}
+    return {"input_ids": ids, "segment_ids": seg, "loss_mask": mask, "pixel_values": pv, "image_grid_thw": grid,
+            **extras}
+
+
+def _extras(rows: Sequence[Sequence[dict]], length: int) -> dict[str, np.ndarray]:
+    """Returns the batch's optional fields (module docstring) of `rows`' examples, or raises naming one."""
+    examples = [ex for row in rows for ex in row]
+    if not examples:
+        return {}
+    names = [k for k in examples[0] if k not in EXAMPLE_KEYS]
+    for ex in examples[1:]:
+        if sorted(k for k in ex if k not in EXAMPLE_KEYS) != sorted(names):
+            raise ValueError(f"example {ex.get('name', '?')} has optional fields "
+                             f"{sorted(k for k in ex if k not in EXAMPLE_KEYS)}; the batch's first example "
+                             f"{examples[0].get('name', '?')} has {sorted(names)}: every example must carry the same")
+    out = {}
+    for key in names:
+        if key.startswith(TOKEN_PREFIX):
+            field = np.zeros((len(rows), length), np.float32)
+            for r, row in enumerate(rows):
+                at = 0
+                for ex in row:
+                    n = len(ex["input_ids"])
+                    values = np.asarray(ex[key], np.float32)
+                    if values.shape != (n,):
+                        raise ValueError(f"example {ex.get('name', '?')}: {key!r} has shape {values.shape}; a "
+                                         f"per-token field must have one value per token ({n},)")
+                    field[r, at:at + n] = values
+                    at += n
+            out[key] = field
+            continue
+        if any(len(row) > 1 for row in rows):
+            raise ValueError(f"per-row field {key!r} cannot go into packed rows (several examples share a row); "
+                             "use config.data.batching = 'bucket'")
+        first = np.asarray(examples[0][key])
+        field = np.zeros((len(rows),) + first.shape, first.dtype)
+        for r, row in enumerate(rows):
+            for ex in row:
+                value = np.asarray(ex[key])
+                if value.shape != first.shape:
+                    raise ValueError(f"example {ex.get('name', '?')}: per-row field {key!r} has shape {value.shape}; "
+                                     f"the batch's first example has {first.shape}")
+                field[r] = value
+        out[key] = field
+    return out
 
 
 class _Oversize:

@@ -244,3 +244,32 @@ def encode_for_training(tokenizer, messages: Sequence[Mapping[str, Any]], target
     if ids[end_index] != end_id or loss_mask[end_index] != 1:
         raise ValueError(f"could not locate the closing {END_OF_TURN} of the assistant turn in the tokenized text")
     return EncodedChat(ids, types, pixels, grid, loss_mask, n)
+
+
+def action_token_span(input_ids, prompt_length: int, tokenizer) -> tuple[int, int]:
+    """Returns [lo, hi): the token range from the assistant turn's first `<tool_call>` through the
+    `</tool_call>` after it, found by the markers' token ids at or after `prompt_length`.
+
+    Both markers are single added tokens in Qwen's tokenizers (and the tiny one), so the span is
+    exact whatever the tokenizer does with the JSON between them. Raises ValueError when the
+    tokenizer lacks them or the turn holds no complete tool call.
+    """
+    marker_ids = []
+    for marker in (TOOL_OPEN, TOOL_CLOSE):
+        token_id = tokenizer.convert_tokens_to_ids(marker)
+        if token_id is None or tokenizer.convert_ids_to_tokens(int(token_id)) != marker:
+            raise ValueError(f"the tokenizer has no single token for {marker!r} (got id {token_id}); "
+                             "action_token_span needs Qwen-style tool-call tokens")
+        marker_ids.append(int(token_id))
+    ids = np.asarray(input_ids).reshape(-1)
+    if not 0 <= prompt_length <= len(ids):
+        raise ValueError(f"prompt_length {prompt_length} is outside the {len(ids)} tokens of input_ids")
+    opens = np.flatnonzero(ids[prompt_length:] == marker_ids[0])
+    if not len(opens):
+        raise ValueError(f"no {TOOL_OPEN} token (id {marker_ids[0]}) in the {len(ids) - prompt_length} tokens after "
+                         f"the prompt's {prompt_length}: the assistant turn holds no tool call")
+    lo = prompt_length + int(opens[0])
+    closes = np.flatnonzero(ids[lo + 1:] == marker_ids[1])
+    if not len(closes):
+        raise ValueError(f"the {TOOL_OPEN} at token {lo} is never closed by {TOOL_CLOSE} (id {marker_ids[1]})")
+    return lo, lo + 2 + int(closes[0])

@@ -46,6 +46,13 @@ class Completion:
         return dataclasses.asdict(self)
 
 
+def _length_sorted_chunks(encoded: Sequence[EncodedChat], size: int) -> list[list[int]]:
+    """Returns the indices of `encoded` sorted by prompt length, in chunks of `size` (similar lengths
+    share a batch, so less of each batch is padding)."""
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].input_ids))
+    return [order[start:start + size] for start in range(0, len(order), size)]
+
+
 def _batch_buckets(max_batch: int) -> tuple[int, ...]:
     """Returns the batch sizes compiled for: powers of two below max_batch, then max_batch."""
     sizes, b = [], 1
@@ -133,41 +140,75 @@ class ChatModel:
         model's own stop tokens.
         """
         with self._lock:
-            if self._closed:
-                raise RuntimeError(f"ChatModel {self.name!r} is closed")
-            encoded = []
-            for i, conversation in enumerate(conversations):
-                try:
-                    encoded.append(self.encode(conversation))
-                except (ValueError, TypeError) as err:
-                    raise type(err)(f"conversation {i}: {err}") from err
-            longest = self.max_prompt_tokens
-            for i, enc in enumerate(encoded):
-                if len(enc.input_ids) > longest:
-                    raise ValueError(f"conversation {i}: prompt of {len(enc.input_ids)} tokens exceeds the largest "
-                                     f"length bucket ({longest} tokens)")
-            stops = sorted(set(self.stop_token_ids) | set(params.stop_token_ids))
-            # The stop list's length is part of the compiled program's shape: pad it (with a repeat)
-            # to a multiple of 4 so requests with their own stop tokens reuse the compiled sampler.
-            stops += stops[:1] * (-len(stops) % 4)
-            params = dataclasses.replace(params, stop_token_ids=tuple(stops))
-            # Similar lengths share a batch, so less of each batch is padding.
-            order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].input_ids))
+            encoded, params = self._prepare(conversations, params)
             results: list[Completion | None] = [None] * len(encoded)
-            for b, start in enumerate(range(0, len(order), self.max_batch)):
-                chunk = order[start:start + self.max_batch]
+            for b, chunk in enumerate(_length_sorted_chunks(encoded, self.max_batch)):
                 for i, completion in zip(chunk, self._generate([encoded[i] for i in chunk], params, seed + b)):
                     results[i] = completion
             return results  # type: ignore[return-value]
 
-    def _generate(self, batch: list[EncodedChat], params: SamplingParams, seed: int) -> list[Completion]:
-        """Returns the completions of one batch (at most max_batch prompts)."""
-        size = next(s for s in _batch_buckets(self.max_batch) if s >= len(batch))
+    def sample_groups(self, conversations: Sequence[Sequence[dict]], group_size: int,
+                      params: SamplingParams = SamplingParams(), *, seed: int = 0) -> list[list[Completion]]:
+        """Returns `group_size` Completions of every conversation (one list per conversation, in order).
+
+        Each conversation is prefilled once and its G samples decode from copies of its KV cache
+        (`Sampler.generate_groups`). Batching rule: a sampler call takes max(1, max_batch // G)
+        conversations, i.e. at most max(max_batch, G) rows; a group is never split across calls (that
+        would prefill its prompt twice), so G > max_batch gives one conversation of G rows per call.
+        Conversations are sorted by length into calls as in `complete`, call b uses seed + b, and a
+        call's conversation count is padded like `complete`'s batches (dummy one-token prompts), so
+        the result equals `complete` on each conversation repeated G times whenever both form the
+        same batches (G a power of two dividing max_batch), up to the prefill's summation order in the
+        log-probs. Raises ValueError for group_size < 1, and as `complete` for bad conversations.
+        """
+        if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
+            raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+        with self._lock:
+            encoded, params = self._prepare(conversations, params)
+            per_call = max(1, self.max_batch // group_size)
+            results: list[list[Completion] | None] = [None] * len(encoded)
+            for b, chunk in enumerate(_length_sorted_chunks(encoded, per_call)):
+                samples = self._generate([encoded[i] for i in chunk], params, seed + b, group_size=group_size,
+                                         max_prompts=per_call)
+                for n, i in enumerate(chunk):
+                    results[i] = samples[n * group_size:(n + 1) * group_size]
+            return results  # type: ignore[return-value]
+
+    def _prepare(self, conversations: Sequence[Sequence[dict]], params: SamplingParams
+                 ) -> tuple[list[EncodedChat], SamplingParams]:
+        """Returns the encoded conversations and `params` with the model's stop tokens added (lock held)."""
+        if self._closed:
+            raise RuntimeError(f"ChatModel {self.name!r} is closed")
+        encoded = []
+        for i, conversation in enumerate(conversations):
+            try:
+                encoded.append(self.encode(conversation))
+            except (ValueError, TypeError) as err:
+                raise type(err)(f"conversation {i}: {err}") from err
+        longest = self.max_prompt_tokens
+        for i, enc in enumerate(encoded):
+            if len(enc.input_ids) > longest:
+                raise ValueError(f"conversation {i}: prompt of {len(enc.input_ids)} tokens exceeds the largest "
+                                 f"length bucket ({longest} tokens)")
+        stops = sorted(set(self.stop_token_ids) | set(params.stop_token_ids))
+        # The stop list's length is part of the compiled program's shape: pad it (with a repeat)
+        # to a multiple of 4 so requests with their own stop tokens reuse the compiled sampler.
+        stops += stops[:1] * (-len(stops) % 4)
+        return encoded, dataclasses.replace(params, stop_token_ids=tuple(stops))
+
+    def _generate(self, batch: list[EncodedChat], params: SamplingParams, seed: int, *, group_size: int = 1,
+                  max_prompts: int | None = None) -> list[Completion]:
+        """Returns the completions of one batch (at most max_prompts prompts, max_batch by default), group_size
+        per prompt, prompt-major."""
+        size = next(s for s in _batch_buckets(max_prompts or self.max_batch) if s >= len(batch))
         prompts = [enc.input_ids.tolist() for enc in batch] + [[self.pad_id]] * (size - len(batch))
         with_images = [enc for enc in batch if enc.num_images]
         pixels = np.concatenate([enc.pixel_values for enc in with_images]) if with_images else None
         grids = np.concatenate([enc.image_grid_thw for enc in with_images]) if with_images else None
-        out = self._sampler.generate(prompts, params, pixel_values=pixels, image_grid_thw=grids, seed=seed)
+        # generate_groups with a group of 1 is generate (one program, the same arrays).
+        out = self._sampler.generate_groups(prompts, group_size, params, pixel_values=pixels, image_grid_thw=grids,
+                                            seed=seed)
+        batch = [enc for enc in batch for _ in range(group_size)]
         completions = []
         for row, enc in enumerate(batch):
             n = int(out.lengths[row])

@@ -4,6 +4,7 @@ Above `models/`: a random preset is written to disk with a tokenizer (`processin
 the demo loads through the same `from_hf` path as a real checkpoint."""
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import jax.numpy as jnp
@@ -11,15 +12,25 @@ from absl import logging
 
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import qwen3_vl
+from rmsweb_jax.models.qwen3_vl.config import demo, tiny
 from rmsweb_jax.models.from_config import mesh_from_config, rules_from_config, runtime_from_config
+from rmsweb_jax.processing.agent_bpe import build_agent_bpe_tokenizer
+from rmsweb_jax.processing.byte_tokenizer import build_byte_tokenizer
 from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
+
+# Random presets a stage can start from, each with the tokenizer written beside its weights: 'tiny'
+# (tests: the tiny BPE), 'demo' (the demo's policy trained from scratch: the agent BPE, ~2.5x shorter
+# prompts than bytes) and 'demo_bytes' (the same model over one token per byte).
+RANDOM_PRESETS = {"tiny": (tiny, build_tiny_tokenizer), "demo": (demo, build_agent_bpe_tokenizer),
+                  "demo_bytes": (functools.partial(demo, vocab_size=272), build_byte_tokenizer)}
 
 
 def load_model(config, workdir: pathlib.Path) -> tuple[qwen3_vl.Qwen3VL, pathlib.Path]:
     """Returns (model, checkpoint dir) for `config.model.init`: 'hf:/path' or 'random:<preset>'.
 
-    'random:tiny' writes a random checkpoint with the tiny tokenizer into the workdir first and then
-    loads it through `from_hf`, so the demo exercises the same loading path as a real checkpoint.
+    'random:tiny' / 'random:demo' write a random checkpoint with its tokenizer (RANDOM_PRESETS) into
+    the workdir first and then load it through `from_hf`, so the demo exercises the same loading path
+    as a real checkpoint (and every checkpoint trained from it carries the same tokenizer).
     """
     init = config.model.init
     mesh, rules = mesh_from_config(config), rules_from_config(config)
@@ -41,15 +52,19 @@ def load_model(config, workdir: pathlib.Path) -> tuple[qwen3_vl.Qwen3VL, pathlib
 
 
 def _write_random_checkpoint(name: str, path: pathlib.Path, seed: int) -> None:
-    if name != "tiny":
-        raise UserError(f"random init writes a checkpoint to disk; only 'random:tiny' is supported, got {name!r} "
-                         "(for 8B/32B use hf:/path)")
+    if name not in RANDOM_PRESETS:
+        raise UserError(f"random init writes a checkpoint to disk; the presets are {sorted(RANDOM_PRESETS)} "
+                         f"('random:tiny', 'random:demo'), got {name!r} (for 8B/32B use hf:/path)")
+    make_config, build_tokenizer = RANDOM_PRESETS[name]
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(path.name + ".tokenizer")
-    ids = build_tiny_tokenizer(staging)
-    config = qwen3_vl.tiny(image_token_id=ids["image_token_id"], video_token_id=ids["video_token_id"],
-                           vision_start_token_id=ids["vision_start_token_id"],
-                           vision_end_token_id=ids["vision_end_token_id"])
+    ids = build_tokenizer(staging)
+    config = make_config(image_token_id=ids["image_token_id"], video_token_id=ids["video_token_id"],
+                         vision_start_token_id=ids["vision_start_token_id"],
+                         vision_end_token_id=ids["vision_end_token_id"])
+    if config.text.vocab_size < ids["vocab_size"]:
+        raise UserError(f"random:{name}: the preset's vocab_size {config.text.vocab_size} is smaller than its "
+                        f"tokenizer's {ids['vocab_size']} ids")
     model = qwen3_vl.create(config, seed=seed)
     qwen3_vl.to_hf(model, path, tokenizer_dir=staging, dtype=jnp.float32)
-    logging.info("wrote a random tiny checkpoint (with the tiny tokenizer) to %s", path)
+    logging.info("wrote a random %s checkpoint (with its tokenizer) to %s", name, path)

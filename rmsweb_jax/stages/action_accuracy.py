@@ -8,7 +8,10 @@ model greedily writes its turn for the step's prompt (the shared prompt
 builder, no reflections); the turn is parsed and compared with the stored action by
 `web.semantics.same_action` on the stored observation (same element, same text, same keys, ...).
 The checkpoint is config.action_accuracy.checkpoint (default hf:<workdir>/sft/hf, the sft export).
-Writes <workdir>/sft_eval.json. An offline proxy: full browser evaluation is a later stage.
+Writes <workdir>/sft_eval.json. An offline proxy.
+
+config.action_accuracy.mode = "closed_loop" measures in the browser instead: the policy plays
+held-out MiniWoB++ seeds, one attempt each (rmsweb_jax/stages/closed_loop.py; closed_loop.{json,md}).
 """
 from __future__ import annotations
 
@@ -53,7 +56,22 @@ def reference_agreement(examples: list[SFTExample]) -> float:
     return hits / len(examples)
 
 
+MODES = ("steps", "closed_loop")
+
+
 def run(config, workdir: pathlib.Path) -> dict:
+    """Evaluates the checkpoint as config.action_accuracy.mode says: on the held-out steps ("steps",
+    workdir/sft_eval.json) or closed loop on held-out seeds ("closed_loop"); returns the report."""
+    mode = config.action_accuracy.mode
+    if mode not in MODES:
+        raise UserError(f"config.action_accuracy.mode = {mode!r}; expected one of {list(MODES)}")
+    if mode == "closed_loop":
+        from rmsweb_jax.stages import closed_loop
+        return closed_loop.run(config, workdir)
+    return step_accuracy(config, workdir)
+
+
+def step_accuracy(config, workdir: pathlib.Path) -> dict:
     """Evaluates the checkpoint on the held-out steps; writes workdir/sft_eval.json and returns it."""
     from rmsweb_jax.sampling.chat_model import ChatModel
     from rmsweb_jax.sampling.sampler import SamplingParams

@@ -5,6 +5,8 @@ Modules, one job each:
   image_batch which images belong to which row; a microbatch's padded vision inputs
   global_images  several processes: every process gathers all images and builds the global vision inputs
   loss        token-weighted losses as (sum, denominator); the SFT cross-entropy
+  rl_loss     Salvage-DS: clipped importance-ratio surrogate + action-only anchor NLL (+ k3 KL), with metrics
+  aux_metrics a loss's metric terms (Mean / Min / Max) and their exact reduction over microbatches and steps
   logprobs    forward-only log p(target | prefix) per token of a batch (mining, RL's old/reference log-probs)
   optimizer   AdamW + linear warmup + cosine decay + global-norm clipping from config.train.optimizer
   step        TrainState, shardings, the jitted step (microbatch scan, exact accumulation)
@@ -26,7 +28,10 @@ B = config.train.batch_size / jax.process_count() rows of L tokens (fixed L per 
   pixel_values    float [P, D]  optional: all images' patches in the order of their image tokens,
                                 padded with zero rows to a fixed P (a multiple of merge_size**2)
   image_grid_thw  int   [N, 3]  optional, with pixel_values: each image's (t, h, w) grid
-  any other key   [B, ...]      carried to the loss function (TrainBatch.extras), e.g. advantages
+  token_<name>    float [B, L]  optional per-token fields aligned like loss_mask (value at t belongs to token
+                                t as a target; finite; 0 at padding), shifted with the targets into
+                                TrainBatch.extras, e.g. token_old_logprobs, token_ref_logprobs (Salvage-DS)
+  any other key   [B, ...]      per-row fields carried unchanged to the loss (TrainBatch.extras), e.g. advantage
 
 MRoPE position ids are computed by the trainer (host side, per packed sequence, as transformers'
 get_rope_index); the pipeline does not supply them. A batch source is an iterator of such dicts
@@ -38,6 +43,7 @@ from rmsweb_jax.train.checkpoint import Checkpointer, Restored
 from rmsweb_jax.train.loop import BatchSource, NonFiniteError, Trainer, TrainResult
 from rmsweb_jax.train.loss import LossParts, make_sft_loss, token_cross_entropy
 from rmsweb_jax.train.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer
+from rmsweb_jax.train.rl_loss import RLLossSettings, make_salvage_loss
 from rmsweb_jax.train.settings import TrainSettings
 from rmsweb_jax.train.step import ModelParts, TrainState, TrainStep
 from rmsweb_jax.train.synthetic_batches import SyntheticBatches, random_examples

@@ -16,14 +16,21 @@ global batch, B = config.train.batch_size / jax.process_count() rows of L tokens
                                 the row-major order of their image tokens; rows past the images' patches
                                 are padding (a fixed P per length bucket keeps shapes static).
   image_grid_thw  int   [N, 3]  (optional) each image's (t, h, w) patch grid; N may vary.
-  anything else   [B, ...]      (e.g. advantages [B], behaviour log-probs [B, L]) rides along to the loss
-                                function in TrainBatch.extras, split into microbatches with its rows.
+  token_<name>    float [B, L]  (optional) a per-token field aligned like loss_mask: its value at t belongs
+                                to token t AS A TARGET (e.g. token_old_logprobs[t] = the sampling policy's
+                                log p(input_ids[t] | input_ids[:t])). Shifted with the targets
+                                (extras[name][t] = batch[name][t + 1], 0 at L - 1), so the loss reads it at
+                                the position that predicts token t. Must be finite everywhere (padding: 0).
+  anything else   [B, ...]      (e.g. advantage [B], anchor [B]) a per-row field, riding along to the loss
+                                function in TrainBatch.extras unchanged.
+Every extra is split into microbatches with its rows and placed on the mesh like them.
 
 `prepare_batch` turns that dict into a TrainBatch of numpy arrays led by the microbatch axis
 [M, B/M, ...]: microbatch m holds rows m, m + M, m + 2M, ... (so each microbatch still spreads over
 every data-parallel device). MRoPE position ids are computed here per packed sequence (the tables
 of transformers' get_rope_index, restarting at each sequence); targets[t] = input_ids[t + 1] and
-weights[t] = loss_mask[t + 1], with weight 0 at the last position. `to_global` assembles the
+weights[t] = loss_mask[t + 1], with weight 0 at the last position; every `token_*` extra is shifted the
+same way (so extras['token_x'][t] goes with targets[t] and weights[t]). `to_global` assembles the
 global jax.Arrays over the mesh with `jax.make_array_from_process_local_data`.
 
 With several processes, per-row arrays stay per process (each process places its own rows) but the
@@ -46,6 +53,7 @@ from rmsweb_jax.train import global_images
 from rmsweb_jax.train.image_batch import RowImages, microbatch_vision, patch_budget, row_images, stack
 
 CONTRACT_KEYS = ("input_ids", "segment_ids", "attention_mask", "loss_mask", "pixel_values", "image_grid_thw")
+TOKEN_PREFIX = "token_"  # extras named so are per-token fields [B, L], shifted with the targets
 
 
 class TrainBatch(NamedTuple):
@@ -53,7 +61,7 @@ class TrainBatch(NamedTuple):
     inputs: ModelInputs       # input_ids/segment_ids [M, b, L], position_ids [M, 3, b, L], vision [M, Pm, ...]
     targets: Any              # [M, b, L] int32: targets[..., t] = input_ids[..., t + 1]
     weights: Any              # [M, b, L] float32: weights[..., t] = loss_mask[..., t + 1]; 0 at t = L - 1
-    extras: dict[str, Any]    # {name: [M, b, ...]}
+    extras: dict[str, Any]    # {name: [M, b, ...]}; token_* ones [M, b, L] shifted like weights
 
     @property
     def microbatches(self) -> int:
@@ -136,9 +144,58 @@ def validate_batch(batch: Mapping[str, Any], rows: int | None = None) -> dict[st
     if ("pixel_values" in out) != ("image_grid_thw" in out):
         raise ValueError("batch['pixel_values'] and batch['image_grid_thw'] must be given together")
     for key, arr in out.items():
-        if key not in CONTRACT_KEYS and (arr.ndim == 0 or arr.shape[0] != ids.shape[0]):
+        if key in CONTRACT_KEYS:
+            continue
+        if key.startswith(TOKEN_PREFIX):
+            out[key] = _token_field(key, arr, ids.shape)
+        elif arr.ndim == 0 or arr.shape[0] != ids.shape[0]:
             raise ValueError(f"batch[{key!r}] has shape {arr.shape}; extra keys must lead with the batch's "
                              f"{ids.shape[0]} rows")
+    return out
+
+
+def _token_field(key: str, arr: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Returns a `token_*` extra as float32 [B, L], or raises naming it (shape, dtype, first non-finite)."""
+    if arr.shape != shape:
+        raise ValueError(f"batch[{key!r}] has shape {arr.shape}; a per-token field ({TOKEN_PREFIX}*) must have "
+                         f"input_ids' shape {shape} (its value at t belongs to token t as a target, like loss_mask)")
+    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+            or arr.dtype == np.bool_):
+        raise ValueError(f"batch[{key!r}] has dtype {arr.dtype}; a per-token field must be numeric")
+    arr = arr.astype(np.float32)
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        r, t = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"batch[{key!r}][{r}, {t}] = {arr[r, t]} is not finite ({int(bad.sum())} such values); "
+                         "per-token fields must be finite everywhere (write 0 at padding and unweighted tokens)")
+    return arr
+
+
+def shift_tokens(values: np.ndarray) -> np.ndarray:
+    """Returns [B, L] values moved one position left (out[:, t] = values[:, t + 1], 0 at L - 1): a per-token
+    field indexed by target token, re-indexed by the position that predicts it (like targets and weights)."""
+    out = np.zeros_like(values)
+    out[:, :-1] = values[:, 1:]
+    return out
+
+
+def unshift_tokens(values: np.ndarray) -> np.ndarray:
+    """Returns [B, L] values indexed by target token from values indexed by predicting position (the inverse
+    of shift_tokens but for position 0, which nothing predicts: 0), e.g. a logprobs output as token_old_logprobs."""
+    out = np.zeros_like(values)
+    out[:, 1:] = values[:, :-1]
+    return out
+
+
+def rows_of(values, microbatches: int) -> np.ndarray:
+    """Returns [B, ...] rows in the contract's order from [M, B/M, ...] microbatch-major values (the inverse of
+    prepare_batch's split: microbatch m holds rows m, m + M, ...)."""
+    values = np.asarray(values)
+    if values.shape[0] != microbatches:
+        raise ValueError(f"values of shape {values.shape} do not lead with {microbatches} microbatches")
+    out = np.zeros((values.shape[0] * values.shape[1],) + values.shape[2:], values.dtype)
+    for m in range(microbatches):
+        out[m::microbatches] = values[m]
     return out
 
 
@@ -163,10 +220,7 @@ def prepare_batch(batch: Mapping[str, Any], config: Qwen3VLConfig, microbatches:
         raise ValueError(f"a batch of {n_rows} rows does not split into {microbatches} microbatches")
     images = row_images(b, config, ids, seg)
     order = [np.arange(m, n_rows, microbatches) for m in range(microbatches)]
-    targets = np.zeros_like(ids)
-    targets[:, :-1] = ids[:, 1:]
-    weights = np.zeros_like(mask)
-    weights[:, :-1] = mask[:, 1:]
+    targets, weights = shift_tokens(ids), shift_tokens(mask)
     position_ids, deltas = _position_ids(config, ids, seg, images)
     vision = None
     if jax.process_count() > 1:
@@ -178,7 +232,8 @@ def prepare_batch(batch: Mapping[str, Any], config: Qwen3VLConfig, microbatches:
         input_ids=stack([ids[r] for r in order]), segment_ids=stack([seg[r] for r in order]),
         position_ids=stack([position_ids[:, r] for r in order]), vision=vision,
         rope_deltas=stack([deltas[r] for r in order]))
-    extras = {k: stack([v[r] for r in order]) for k, v in b.items() if k not in CONTRACT_KEYS}
+    extras = {k: stack([(shift_tokens(v) if k.startswith(TOKEN_PREFIX) else v)[r] for r in order])
+              for k, v in b.items() if k not in CONTRACT_KEYS}
     return TrainBatch(inputs, stack([targets[r] for r in order]), stack([weights[r] for r in order]), extras)
 
 
@@ -276,6 +331,24 @@ def to_global(batch: TrainBatch, shardings: TrainBatch | None) -> TrainBatch:
                          f"rows under {shardings.targets}: the mesh must split the batch axes (data, fsdp) across "
                          "processes, each process holding its own rows")
     return placed
+
+
+def local_rows(array, row_axis: int = 1) -> np.ndarray:
+    """Returns this process's rows of a global array placed by `to_global` (the inverse of
+    jax.make_array_from_process_local_data: its distinct row blocks in global order), as numpy."""
+    if jax.process_count() == 1 or not isinstance(array, jax.Array):
+        return np.asarray(array)
+    blocks: dict[int, np.ndarray] = {}
+    for shard in array.addressable_shards:
+        rows = shard.index[row_axis]
+        blocks.setdefault(rows.start or 0, np.asarray(shard.data))
+    full = [b for _, b in sorted(blocks.items())]
+    # Batch arrays are split over their rows only (row_sharding); anything else would need a gather first.
+    if any(b.shape[:row_axis] + b.shape[row_axis + 1:] != array.shape[:row_axis] + array.shape[row_axis + 1:]
+           for b in full):
+        raise ValueError(f"local_rows: array {array.shape} with sharding {array.sharding} is split along an axis "
+                         f"other than the rows (axis {row_axis})")
+    return np.concatenate(full, axis=row_axis)
 
 
 def batch_counts(batch: TrainBatch) -> dict[str, float]:

@@ -3,8 +3,20 @@
     trainer = Trainer(config, workdir, name="sft")         # restores <workdir>/sft/checkpoints if any
     result = trainer.fit(batches)                            # batches: a BatchSource (see train/__init__.py)
 
-`fit` is the SFT loop; an RL loop (Salvage-DS) drives the same Trainer itself: `trainer.model()` for
-sampling, `trainer.step(host_batch, data_state)` per update, `trainer.finish()` at the end.
+`fit` is the SFT loop; an RL loop (Salvage-DS) drives the same Trainer itself:
+
+    trainer = Trainer(config, workdir, name="salvage", loss_fn=make_salvage_loss(settings, impl))
+    sampler = Sampler(trainer.model(), ...)
+    per update:  sample groups with sampler; build the host batch (train/rl_loss.py's rows)
+                 host["token_old_logprobs"] = trainer.token_logprobs(host)   # the trainer's own numerics
+                 trainer.step(host, data_state)
+                 trainer.sync_model(sampler.model); sampler.refresh()        # the step donated the old arrays
+    trainer.finish()
+
+A step donates the train state, so every array of a model taken from `trainer.model()` before it is
+deleted afterwards (using it raises "Array has been deleted"); `sync_model` puts the new parameters
+into a kept model in place. The loss's aux metrics (train/aux_metrics.py) are reported with the
+trainer's own to metrics.jsonl, TensorBoard and the console.
 
 A step's scalars are read back one step late (the device keeps working while the host prepares
 the next batch), except at checkpoint and metrics steps, which wait for their own step. Every
@@ -23,13 +35,16 @@ from typing import Any, Iterator, Protocol
 import jax
 import numpy as np
 from absl import logging
+from flax import nnx
 
 from rmsweb_jax.models.from_config import runtime_from_config
 from rmsweb_jax.sampling.model_from_config import load_model
 from rmsweb_jax.models.from_config import mesh_from_config, rules_from_config
 from rmsweb_jax.models.qwen3_vl import Qwen3VLConfig, abstract_model, to_hf
+from rmsweb_jax.train import aux_metrics
 from rmsweb_jax.train import batch as batch_lib
 from rmsweb_jax.train.checkpoint import Checkpointer
+from rmsweb_jax.train.logprobs import logprob_fn
 from rmsweb_jax.train.loss import LossFn, make_sft_loss, resolve_loss_impl
 from rmsweb_jax.train.metrics import MetricsWriter, peak_flops_per_device, train_flops
 from rmsweb_jax.train.optimizer import learning_rate_schedule, make_optimizer
@@ -91,6 +106,7 @@ class Trainer:
                                     initial_step=self.step_count)
         self.peak_flops = peak_flops_per_device(s.peak_tflops) * (self.mesh.size if self.mesh else 1)
         self._pending: list[tuple[int, dict, dict]] = []
+        self._logprobs = None
         self._window: list[dict] = []
         self._clock: float | None = None
         self.last_metrics: dict[str, float] = {}
@@ -142,10 +158,12 @@ class Trainer:
         finally:
             self.close()
 
-    def step(self, host_batch: dict, data_state: Any = None) -> None:
+    def step(self, host_batch: dict, data_state: Any = None, host_metrics: dict[str, float] | None = None) -> None:
         """Takes one optimizer step on a contract batch; checkpoints and reports when due.
 
         data_state: the batch source's state *after* this batch (saved with a checkpoint of this step).
+        host_metrics: scalars the caller measured for this step (an RL loop's sampling counts), reported
+        with the step's metrics as their mean over the reporting window.
         """
         batch = batch_lib.prepare_batch(host_batch, self.model_config, self.settings.microbatches, rows=self.local_rows,
                                         mesh=self.mesh, rules=self.rules)
@@ -156,7 +174,7 @@ class Trainer:
         step = self.step_count
         flops = train_flops(self.model_config, tokens=counts["tokens"], seq_len=batch.targets.shape[-1],
                             patches=counts["patches"], images=counts["images"]) * jax.process_count()
-        self._pending.append((step, metrics, {**counts, "flops": flops}))
+        self._pending.append((step, metrics, {**counts, "flops": flops, "host": dict(host_metrics or {})}))
         self.data_state = data_state
         due_checkpoint = self.checkpoints.due(step) or step == self.settings.total_steps
         due_metrics = step % self.settings.metrics_every == 0 or step == self.settings.total_steps
@@ -188,8 +206,49 @@ class Trainer:
         return TrainResult(self.run_dir, self.step_count, self.resumed_from, dict(self.last_metrics), hf_dir)
 
     def model(self):
-        """Returns the NNX model with the current parameters (sharded like the state)."""
+        """Returns the NNX model with the current parameters (sharded like the state).
+
+        The model shares the state's arrays, and a step donates the state: after `step` the arrays of a
+        model taken before it are deleted (using it raises). Take `model()` again, or refresh a model you
+        keep (a sampler's) in place with `sync_model`.
+        """
         return self.parts.merge(self.state.params)
+
+    def sync_model(self, model):
+        """Returns `model` (an NNX model of this trainer's graph, e.g. a Sampler's) after putting the current
+        parameters into it in place; call after every `step`, then the sampler's `refresh()`.
+
+        RL loop:   sampler = Sampler(trainer.model(), ...)
+                   for each update: sample with sampler; trainer.step(batch, data_state)
+                                    trainer.sync_model(sampler.model); sampler.refresh()
+        A loop that keeps several models can record `params_version` (the step count) with each sync. The
+        model's graph is left as it is (no attribute set on it), so a sampler's compiled programs stay valid.
+        """
+        nnx.update(model, nnx.State(self.state.params))
+        return model
+
+    @property
+    def params_version(self) -> int:
+        """Returns the version of the current parameters: the number of steps taken."""
+        return self.step_count
+
+    def token_logprobs(self, host_batch: dict, params=None) -> np.ndarray:
+        """Returns this process's [B, L] float32 log p(input_ids[t] | prefix) by token (aligned like loss_mask:
+        the value at t belongs to token t as a target; 0 where loss_mask is 0), from one forward pass with the
+        current parameters or `params` (a frozen reference's, laid out like the state's).
+
+        What an RL loop feeds back as `token_old_logprobs` / `token_ref_logprobs`: the trainer's own numerics
+        on the exact token ids of the batch.
+        """
+        batch = batch_lib.prepare_batch(host_batch, self.model_config, self.settings.microbatches,
+                                        rows=self.local_rows, mesh=self.mesh, rules=self.rules)
+        placed = batch_lib.to_global(batch, batch_lib.batch_shardings(batch, self.mesh, self.rules))
+        if self._logprobs is None:
+            impl = resolve_loss_impl(self.settings.loss_impl, self.mesh)
+            self._logprobs = jax.jit(logprob_fn(self.parts, impl))
+        out = self._logprobs(self.state.params if params is None else params, placed)
+        return batch_lib.unshift_tokens(batch_lib.rows_of(batch_lib.local_rows(out, row_axis=1),
+                                                          self.settings.microbatches))
 
     def close(self) -> None:
         """Waits for pending checkpoint writes and closes the metric sinks."""
@@ -201,7 +260,10 @@ class Trainer:
         """Reads back every pending step's scalars but the newest `keep`, checking that they are finite."""
         while len(self._pending) > keep:
             step, metrics, counts = self._pending.pop(0)
-            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            metrics = jax.device_get(metrics)
+            aux = aux_metrics.to_host(metrics.pop("aux", {}))
+            values = {k: float(v) for k, v in metrics.items()}
+            values["aux"] = aux
             now = time.perf_counter()
             if not all(math.isfinite(values[k]) for k in ("loss", "grad_norm", "param_norm")):
                 self._stop(step, values)
@@ -227,6 +289,15 @@ class Trainer:
             out["step_s"] = seconds / len(timed)
             if self.peak_flops > 0:
                 out["mfu"] = sum(w["flops"] for w in timed) / seconds / self.peak_flops
+        for name in sorted({k for w in window for k in w["host"]}):
+            if name in out:
+                raise ValueError(f"host metric {name!r} has the name of a trainer metric; rename it")
+            out[name] = float(np.mean([w["host"][name] for w in window if name in w["host"]]))
+        # The loss's own terms (train/aux_metrics.py), each reduced exactly over the window's microbatches.
+        for name, value in aux_metrics.resolve(aux_metrics.combine([w["aux"] for w in window])).items():
+            if name in out:
+                raise ValueError(f"the loss's aux metric {name!r} has the name of a trainer metric; rename it")
+            out[name] = value
         self.last_metrics = out
         self.writer.write(step, out)
 

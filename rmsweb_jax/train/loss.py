@@ -27,7 +27,7 @@ class LossParts(NamedTuple):
         return self.sum / jnp.maximum(self.denominator, 1.0)
 
 
-# loss_fn(model, microbatch) -> (LossParts, aux {name: scalar to sum over microbatches})
+# loss_fn(model, microbatch) -> (LossParts, aux {name: aux_metrics.Mean | Min | Max, or a scalar to sum})
 LossFn = Callable[..., tuple[LossParts, dict]]
 
 

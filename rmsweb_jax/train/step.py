@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl.model import Qwen3VL, state_shardings
+from rmsweb_jax.train import aux_metrics
 from rmsweb_jax.train.batch import TrainBatch, batch_shardings
 from rmsweb_jax.train.loss import LossFn
 
@@ -97,7 +98,8 @@ def train_step_fn(parts: ModelParts, loss_fn: LossFn, tx: optax.GradientTransfor
 
     metrics: loss (token-weighted mean over the whole batch), grad_norm (before clipping),
     param_norm (after the update), target_weight (the denominator), learning_rate (this step's, when
-    `schedule` is given), plus the loss's aux summed over microbatches.
+    `schedule` is given), and "aux": the loss's aux reduced over microbatches (train/aux_metrics.py:
+    Mean terms summed as (numerator, denominator), Min / Max as min / max, plain scalars summed).
     """
     graphdef, rest = parts.graphdef, parts.rest
 
@@ -128,7 +130,7 @@ def train_step_fn(parts: ModelParts, loss_fn: LossFn, tx: optax.GradientTransfor
         rng, _ = jax.random.split(state.rng)
         metrics = {"loss": loss_sum * scale, "grad_norm": optax.global_norm(grads),
                    "param_norm": optax.global_norm(params), "target_weight": denom,
-                   **jax.tree.map(lambda x: jnp.sum(x, axis=0), aux)}
+                   "aux": aux_metrics.reduce_microbatches(aux)}
         if schedule is not None:
             metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
         return TrainState(state.step + 1, params, opt_state, rng), metrics

@@ -71,7 +71,7 @@ def elements_from_cdp(ax_nodes: Sequence[Mapping[str, Any]], snapshot: Mapping[s
         url = str(props.get("url") or "") if role == "link" else ""
         element = Element(id=int(backend), role=str(role), name=name, bbox=box,
                           value=str(_value(node.get("value")) or ""),
-                          focusable=bool(props.get("focusable")), z=int(z), url=url)
+                          focusable=bool(props.get("focusable")), z=int(z), url=url, states=_states(props))
         if element.interactive or name.strip() or label is not None:
             candidates[node["nodeId"]] = element
 
@@ -137,6 +137,20 @@ def _document_order(ax_nodes: Sequence[Mapping[str, Any]]) -> list[str]:
         stack.extend(reversed(children[node]))
     order.extend(n["nodeId"] for n in ax_nodes if n["nodeId"] not in seen)
     return order
+
+
+def _states(props: Mapping[str, Any]) -> tuple[str, ...]:
+    """Returns the user-visible states of an AX node's properties (Element.states' words and order)."""
+    states = []
+    if props.get("checked") in ("true", True, "mixed"):
+        states.append("checked" if props["checked"] != "mixed" else "mixed")
+    if props.get("selected") is True:
+        states.append("selected")
+    if "expanded" in props:
+        states.append("expanded" if props["expanded"] else "collapsed")
+    if props.get("disabled") is True:
+        states.append("disabled")
+    return tuple(states)
 
 
 def _value(field: Any) -> Any:

@@ -73,7 +73,8 @@ class Element:
     the control a click on this element acts on: its nearest interactive ancestor (the button a
     label sits in), or for a native <label> and the text in it, the control it labels (the
     checkbox of `<label for=...>`), or None. `url` is a link's resolved destination ("" for
-    anything else).
+    anything else). `states` are the accessibility states a user sees ("checked", "selected",
+    "expanded", "collapsed", "disabled"), in that order.
     """
 
     id: int
@@ -85,6 +86,7 @@ class Element:
     z: int = 0
     owner: int | None = None
     url: str = ""
+    states: tuple[str, ...] = ()
 
     @property
     def interactive(self) -> bool:
@@ -94,14 +96,16 @@ class Element:
     def to_dict(self) -> dict[str, Any]:
         """Returns a JSON-ready dict."""
         return {"id": self.id, "role": self.role, "name": self.name, "bbox": self.bbox.to_list(),
-                "value": self.value, "focusable": self.focusable, "z": self.z, "owner": self.owner, "url": self.url}
+                "value": self.value, "focusable": self.focusable, "z": self.z, "owner": self.owner, "url": self.url,
+                **({"states": list(self.states)} if self.states else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Element":
         """Returns the element stored by `to_dict`; raises KeyError naming a missing key."""
         return cls(id=int(d["id"]), role=str(d["role"]), name=str(d["name"]), bbox=BBox.from_list(d["bbox"]),
                    value=str(d.get("value", "")), focusable=bool(d.get("focusable", False)), z=int(d.get("z", 0)),
-                   owner=None if d.get("owner") is None else int(d["owner"]), url=str(d.get("url", "")))
+                   owner=None if d.get("owner") is None else int(d["owner"]), url=str(d.get("url", "")),
+                   states=tuple(str(s) for s in d.get("states", ())))
 
 
 def element_at(elements: Sequence[Element], x: float, y: float) -> Element | None:

@@ -146,7 +146,7 @@ def _contexts() -> list[StepContext]:
 
 
 def test_act_returns_one_parsed_output_per_context_with_accounting(chat_model):
-    builder = PromptBuilder(dataclasses.replace(PROMPT, include_elements=True))
+    builder = PromptBuilder(dataclasses.replace(PROMPT, observation="both"))
     policy = FlaxPolicy(chat_model, builder, GREEDY, name="tiny")
     contexts = _contexts()
     outputs = policy.act(contexts)

@@ -73,7 +73,7 @@ def _images(parts) -> list[dict]:
 @pytest.mark.parametrize("kw, match", [
     ({"history_steps": -1}, "history_steps"), ({"history_images": True}, "history_images"),
     ({"history_steps": 1, "history_images": 2}, "must not exceed history_steps"),
-    ({"include_elements": 1}, "include_elements"), ({"max_element_name": 3}, "max_element_name"),
+    ({"observation": "text"}, "observation"), ({"system": "short"}, "system"), ({"max_element_name": 3}, "max_element_name"),
 ])
 def test_prompt_config_is_validated(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -87,7 +87,7 @@ def test_prompt_config_comes_whole_from_the_config_block():
     assert prompt_config_from(config) == dataclasses.replace(PROMPT, history_steps=2, history_images=0)
     with pytest.raises(ValueError, match=r"config.prompt: unknown key\(s\) \['history'\]"):
         PromptConfig.from_config({**base_config().prompt.to_dict(), "history": 2})
-    with pytest.raises(ValueError, match=r"config.prompt: missing key\(s\) \['history_images', 'include_elements'"):
+    with pytest.raises(ValueError, match=r"config.prompt: missing key\(s\) \['history_images', 'max_element_name'"):
         PromptConfig.from_config({"history_steps": 2})
     config.prompt.history_images = 3  # overrides are validated like the defaults
     with pytest.raises(ValueError, match=r"config.prompt.history_images \(3\) must not exceed history_steps \(2\)"):
@@ -165,16 +165,16 @@ def test_reflections_appear_only_when_given_and_change_only_their_block():
 def test_element_list_toggles_and_is_capped():
     ctx = _context(history=0)
     assert "Page elements" not in "".join(_texts(PromptBuilder(PROMPT).user_content(ctx)))
-    text = "".join(_texts(PromptBuilder(_prompt(include_elements=True)).user_content(ctx)))
+    text = "".join(_texts(PromptBuilder(_prompt(observation="both")).user_content(ctx)))
     # Centres in the 0-1000 space of the 200x100 viewport; the unnamed generic element is left out.
     assert '[1] button "Submit" at [250, 250]' in text
     assert '[2] textbox "Email" value="a@b.c" at [700, 600]' in text
     assert "[3]" not in text
     many = [Element(i, "link", f"Link {i}", BBox(1, 1, 10, 10)) for i in range(10)]
-    builder = PromptBuilder(_prompt(include_elements=True, max_elements=4))
+    builder = PromptBuilder(_prompt(observation="both", max_elements=4))
     capped = builder.element_list(_observation(elements=many))
     assert capped.count("link") == 4 and "(6 more elements not listed)" in capped
-    pixel = PromptBuilder(_prompt(include_elements=True)).element_list(_observation(coordinates="pixel"))
+    pixel = PromptBuilder(_prompt(observation="both")).element_list(_observation(coordinates="pixel"))
     assert '"Submit" at [100, 50]' in pixel  # 400x200 screenshot pixels, twice the CSS viewport
 
 
@@ -186,7 +186,7 @@ def test_observation_events_are_reported():
 
 def test_rendered_chat_contains_every_piece(tokenizer):
     ctx = _context(history=3, reflections=("Click Submit, not Cancel.",))
-    messages = PromptBuilder(_prompt(history_steps=2, history_images=1, include_elements=True)).messages(ctx)
+    messages = PromptBuilder(_prompt(history_steps=2, history_images=1, observation="both")).messages(ctx)
     text, images = render_chat(tokenizer, messages)
     assert text.startswith("<|im_start|>system\nYou are a web agent.") and text.endswith("<|im_start|>assistant\n")
     for piece in ("# Tools", '"name": "computer_use"', "Task: Sign up with a@b.c",

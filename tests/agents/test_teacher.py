@@ -162,15 +162,17 @@ def test_teacher_steps_through_its_plan_and_consumes_its_reflection():
     assert [clicked(o, obs) for o in outs[:2]] == ["ONE", "TWO"] and outs[2].action.name == "answer"
     assert outs[0].thought.startswith("The task: Click button ONE") and "button TWO" in outs[1].thought
     assert teacher.act([ctx(0)])[0] == outs[0]  # the same step again (a re-run from reset)
+    assert [o.label for o in outs] == [None, None, None]  # planned moves and "done" carry no label
 
     wrong = ScriptedTeacher(MistakeConfig(wrong_element_p=1.0))
     first = wrong.act([ctx(0)])[0]
     assert clicked(first, obs) == "TWO" and [m.kind for m in wrong.injected(f"{task}#43@1")] == ["wrong_element"]
+    assert first.label == "wrong_element"
     text = wrong.reflect(ReflectionRequest(task, obs.instruction, 1, (), "failure", "failure", key=f"{task}#43@1"))
     assert text.startswith("Attempt 1 failed (failure). Step 1 (wrong element): I clicked the \"TWO\" button")
     assert parse_reflections([text]) == {(0, "wrong_element")} and wrong.injected(f"{task}#43@1") == ()
     retry = wrong.act([ctx(0, attempt=2, reflections=(text,))])[0]
-    assert clicked(retry, obs) == "ONE" and wrong.stats()["avoided_wrong_element"] == 1
+    assert clicked(retry, obs) == "ONE" and wrong.stats()["avoided_wrong_element"] == 1 and retry.label is None
     # Step 2 was never reflected on: the mistake drawn there still happens.
     assert clicked(wrong.act([ctx(1, attempt=2, reflections=(text,))])[0], obs) == "ONE"
     assert wrong.stats()["injected_wrong_element"] == 2
@@ -181,7 +183,8 @@ def test_memory_is_bounded_and_forgotten_attempts_are_said_so():
     task = "miniwob.click-button-sequence"
     teacher = ScriptedTeacher(MistakeConfig(detour_p=1.0), memory_size=1)
     for seed in (1, 2):
-        teacher.act([StepContext(task, obs.instruction, obs, step=0, key=f"{task}#{seed}@1/0")])
+        out = teacher.act([StepContext(task, obs.instruction, obs, step=0, key=f"{task}#{seed}@1/0")])[0]
+        assert out.label == "detour"
     assert teacher.injected(f"{task}#1@1") == () and len(teacher.injected(f"{task}#2@1")) == 1
     text = teacher.reflect(ReflectionRequest(task, obs.instruction, 1, (), "failure", "", key=f"{task}#1@1"))
     assert "no record of this attempt" in text and parse_reflections([text]) == set()

@@ -13,8 +13,9 @@ GATES = dict(eps=1e-6, std_normalize=True, ddof=0, contrast_std_min=0.3,
 
 
 def oracle(rewards, mask, *, eps, std_normalize, ddof, contrast_std_min, competence_min,
-           competence_max):
-    """Returns dict of per-group results, one group at a time in float64."""
+           competence_max, correct=None, positive_threshold=0.0):
+    """Returns dict of per-group results, one group at a time in float64; a member is positive
+    when correct[i, j] (given) or reward > positive_threshold."""
     out = {k: [] for k in ("mean", "std", "count", "competence_frac", "contrast", "competence")}
     adv = np.zeros(rewards.shape)
     for i, (r, m) in enumerate(zip(rewards.astype(np.float64), mask)):
@@ -24,7 +25,8 @@ def oracle(rewards, mask, *, eps, std_normalize, ddof, contrast_std_min, compete
         std = np.sqrt(((x - mean) ** 2).sum() / max(n - ddof, 1)) if n else 0.0
         centered = x - mean
         adv[i, m] = centered / (std + eps) if std_normalize else centered
-        n_pos = int((x > 0).sum())
+        positive = x > positive_threshold if correct is None else np.asarray(correct[i], bool)[m]
+        n_pos = int(positive.sum())
         frac = n_pos / max(n, 1)
         out["mean"].append(mean)
         out["std"].append(std)
@@ -202,3 +204,91 @@ def test_default_on_cpu_is_the_reference_and_jits():
 def test_bad_inputs_raise_value_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ga.grouped_advantages(**kwargs)
+
+
+# ----------------------------------------------------------------------------- correctness flags
+
+
+def correctness_batch(seed=0, n=200, g=8):
+    """Returns (rewards, mask, correct) where correctness disagrees with the reward's sign:
+    partial-credit-like rewards in [0, 1] (all positive) with sparse correct flags, and graded
+    rewards in (-1, 0) for incorrect members."""
+    rng = np.random.default_rng(seed)
+    correct = rng.random((n, g)) < 0.4
+    rewards = np.where(correct, 1.0, rng.choice([0.2, 0.5, 0.75], size=(n, g))).astype(np.float32)
+    rewards[n // 2:] = np.where(correct[n // 2:], 1.0, rng.choice([-1.0, -0.5], size=(n - n // 2, g)))
+    mask = rng.random((n, g)) > 0.2
+    correct[0] = True  # all correct: no contrast
+    correct[1] = False  # all wrong, rewards differ (graded): still no contrast
+    mask[1] = True
+    rewards[1] = np.linspace(0.1, 0.8, g)
+    mask[2] = False  # empty
+    return rewards, mask, correct
+
+
+@pytest.mark.parametrize("impl", ["reference", "pallas_interpret"])
+def test_correct_flags_decide_contrast_and_competence(impl):
+    rewards, mask, correct = correctness_batch()
+    gates = dict(GATES, contrast_std_min=0.0, competence_min=0.25, competence_max=0.75)
+    stats = ga.grouped_advantages(rewards, mask, correct=correct, impl=impl, block_groups=128, **gates)
+    expected = oracle(rewards, mask, correct=correct, **gates)
+    assert_stats_close(stats, expected)
+    # All rewards of the first half are > 0, so reward > 0 would call every group all-positive.
+    by_sign = ga.grouped_advantages(rewards, mask, impl=impl, block_groups=128, **gates)
+    half = len(rewards) // 2
+    assert not np.asarray(by_sign.contrast[:half]).any()
+    assert np.asarray(stats.contrast[:half]).any()
+    assert not bool(stats.contrast[1]) and float(stats.std[1]) > 0  # varied wrong rewards: no contrast
+    assert not bool(stats.contrast[0]) and not bool(stats.competence[2])
+    # The advantages do not depend on the flags.
+    np.testing.assert_array_equal(np.asarray(stats.advantages), np.asarray(by_sign.advantages))
+
+
+@pytest.mark.parametrize("platform", ["tpu", "gpu"])
+def test_pallas_with_correct_flags_matches_reference(platform):
+    rewards, mask, correct = correctness_batch(seed=3, n=300)
+    gates = ga.Gates(**dict(GATES, competence_min=0.125, competence_max=0.875))
+    args = (jnp.asarray(rewards), jnp.asarray(mask, jnp.float32))
+    c = jnp.asarray(correct, jnp.float32)
+    ref = ga._reference_arrays(*args, gates, c)
+    out = ga.grouped_arrays_pallas(*args, gates, platform, True, 128 if platform == "tpu" else 64, c)
+    for name, a, b in zip(("mean", "std", "count", "frac", "contrast", "competence", "adv"), ref, out):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("impl", ["reference", "pallas_interpret"])
+def test_positive_threshold_replaces_reward_above_zero(impl):
+    rewards = np.array([[0.2, 0.6, 0.9, 0.3], [0.1, 0.2, 0.3, 0.4], [0.6, 0.7, 0.8, 0.9]], np.float32)
+    stats = ga.grouped_advantages(rewards, impl=impl, positive_threshold=0.5, block_groups=128)
+    np.testing.assert_allclose(np.asarray(stats.competence_frac), [0.5, 0.0, 1.0])
+    np.testing.assert_array_equal(np.asarray(stats.contrast), [True, False, False])
+    expected = oracle(rewards, np.ones_like(rewards, bool), eps=1e-6, std_normalize=True, ddof=0,
+                      contrast_std_min=0.0, competence_min=0.0, competence_max=1.0, positive_threshold=0.5)
+    assert_stats_close(stats, expected)
+
+
+def test_pallas_gradients_with_correct_flags_match_reference():
+    rewards, mask, correct = correctness_batch(seed=5, n=40, g=6)
+    weights = jnp.asarray(np.random.default_rng(0).normal(size=rewards.shape), jnp.float32)
+
+    def loss(r, impl):
+        s = ga.grouped_advantages(r, mask, correct=correct, impl=impl)
+        return jnp.sum(s.advantages * weights) + jnp.sum(s.std)
+
+    got = jax.grad(lambda r: loss(r, "pallas_interpret"))(jnp.asarray(rewards))
+    want = jax.grad(lambda r: loss(r, "reference"))(jnp.asarray(rewards))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+def test_correct_shape_must_match():
+    with pytest.raises(ValueError, match="correct shape"):
+        ga.grouped_advantages(np.zeros((2, 4)), correct=np.ones((2, 3), bool))
+
+
+@pytest.mark.parametrize("platform", ["tpu", "gpu"])
+def test_kernel_with_correct_flags_lowers(platform):
+    from tests.kernels.test_kernel_lowering import lower
+    fn = lambda r, m, c: ga.grouped_arrays_pallas(r, m, ga.Gates(), platform, False, None, c)  # noqa: E731
+    shape = jax.ShapeDtypeStruct((1000, 8), jnp.float32)
+    module = lower(fn, platform, shape, shape, shape)
+    assert ("tpu_custom_call" if platform == "tpu" else "triton") in module

@@ -134,7 +134,8 @@ def test_batch_that_does_not_divide_over_the_mesh_is_named(tmp_path, tiny_checkp
 
 def _command(workdir, init):
     flags = [f"--config.train.{key}={value}" for key, value in OVERRIDES.items()]
-    return [sys.executable, "-m", "rmsweb_jax.main", "--config=configs/demo.py", f"--workdir={workdir}",
+    # The defaults alone, as _config() builds the in-process reference (the demo config tunes its own).
+    return [sys.executable, "-m", "rmsweb_jax.main", "--config=configs/common.py", f"--workdir={workdir}",
             "--config.stages=train_smoke", f"--config.model.init=hf:{init}", "--config.mesh.shape=(1,1,1)",
             "--config.train_smoke.examples=8", "--config.train_smoke.seq_len=32", "--config.train_smoke.seed=0",
             *flags]

@@ -200,8 +200,9 @@ class RuntimeOptions:
 
 # ---- presets ---------------------------------------------------------------------------------
 def preset(name: str) -> Qwen3VLConfig:
-    """Returns a named preset: '8b', '32b' (the published Instruct configs) or 'tiny' (tests)."""
-    presets = {"8b": _qwen3_vl_8b, "32b": _qwen3_vl_32b, "tiny": tiny}
+    """Returns a named preset: '8b', '32b' (the published Instruct configs), 'tiny' (tests) or 'demo'
+    (the demo's policy trained from scratch, byte-level vocabulary)."""
+    presets = {"8b": _qwen3_vl_8b, "32b": _qwen3_vl_32b, "tiny": tiny, "demo": demo}
     if name not in presets:
         raise ValueError(f"unknown preset {name!r}; expected one of {sorted(presets)}")
     return presets[name]()
@@ -240,6 +241,34 @@ def tiny(*, vocab_size: int = 512, tie_word_embeddings: bool = False, head_dim: 
         image_token_id=image_token_id, video_token_id=video_token_id,
         vision_start_token_id=vision_start_token_id, vision_end_token_id=vision_end_token_id,
         tie_word_embeddings=tie_word_embeddings)
+
+
+# The demo's shape, chosen by train-step tokens/s on the 2-core CPU (README's demo section): hidden 64,
+# 4 layers, 4 query / 2 KV heads of 16; a one-block vision tower (the demo's prompts are text).
+DEMO_SHAPE = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+def demo(*, vocab_size: int = 768, image_token_id: int = 751, video_token_id: int = 752,
+         vision_start_token_id: int = 749, vision_end_token_id: int = 750, **shape) -> Qwen3VLConfig:
+    """Returns the demo preset: Qwen3-VL's architecture sized for minutes of CPU training. The default
+    vocabulary and token ids are the agent BPE's (processing/agent_bpe.py: 755 ids, padded to 768);
+    with the byte-level tokenizer (265 ids) pass vocab_size=272 and its ids. `shape` overrides
+    DEMO_SHAPE's keys."""
+    unknown = sorted(set(shape) - set(DEMO_SHAPE))
+    if unknown:
+        raise ValueError(f"demo preset: unknown shape key(s) {unknown}; expected some of {sorted(DEMO_SHAPE)}")
+    s = {**DEMO_SHAPE, **shape}
+    d, head_dim = s["hidden_size"], s["head_dim"]
+    return Qwen3VLConfig(
+        text=TextConfig(vocab_size=vocab_size, hidden_size=d, intermediate_size=3 * d,
+                        num_hidden_layers=s["num_hidden_layers"], num_attention_heads=s["num_attention_heads"],
+                        num_key_value_heads=s["num_key_value_heads"], head_dim=head_dim,
+                        mrope_section=_mrope_section(head_dim), rope_theta=10000.0, max_position_embeddings=8192),
+        vision=VisionConfig(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=d,
+                            num_position_embeddings=64, deepstack_visual_indexes=(0,)),
+        image_token_id=image_token_id, video_token_id=video_token_id,
+        vision_start_token_id=vision_start_token_id, vision_end_token_id=vision_end_token_id,
+        tie_word_embeddings=True)
 
 
 def _mrope_section(head_dim: int) -> tuple[int, int, int]:

@@ -1,0 +1,157 @@
+"""The `mine` stage: the SFT policy's critical states on the sft training split, as an RL state set.
+
+    python -m rmsweb_jax.main --config=configs/demo.py --config.stages=mine --workdir=/tmp/run
+
+The policy is config.mine.checkpoint (default hf:<workdir>/sft/hf, the sft export). The reference
+steps are the successful steps of the task groups sft TRAINED on, read from the
+<workdir>/sft/split.json it wrote (never recomputed): held-out groups stay out of RL, so the
+held-out evaluation keeps meaning what it says. Every reference step is replayed
+(mining/replay.py: K samples, accuracy, failure mode, reference log-prob); with
+config.mine.rollouts the policy also plays each training task group once in the browser and
+each failed episode's divergence from its reference becomes a critical state (mining/rollouts.py).
+The state set keeps every critical state and a draw of routine ones, config.mine.routine_share of
+the set (the seed of config.mine.seed), so RL can also see states the policy already gets right.
+
+Writes <workdir>/mine/{states.arrayrecord, report.json, report.md, failure_modes.png, summary.json}.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import numpy as np
+
+from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
+from rmsweb_jax.errors import UserError
+from rmsweb_jax.mining.replay import ReplayedState, ReplaySettings, replay
+from rmsweb_jax.mining.report import compute_report, write_report
+from rmsweb_jax.mining.state_set import CriticalState, state_id, write_state_set
+from rmsweb_jax.stages.sft import saved_split
+
+NAME = "mine"
+STATES_FILE = "states.arrayrecord"
+
+
+def replay_state(replayed: ReplayedState, example, store_dir: str) -> CriticalState:
+    """Returns the CriticalState of one replayed reference step (its example from the SFT view)."""
+    return CriticalState(
+        state_id=state_id("replay", example.request_id, example.step.step), task_id=example.task_id,
+        seed=example.seed, attempt=example.attempt, step=example.step.step, request_id=example.request_id,
+        store_dir=store_dir, reference_text=example.target_text, reference_action=example.step.action,
+        failure_mode=replayed.failure_mode, critical=replayed.critical, replay_accuracy=replayed.accuracy,
+        reference_logprob=replayed.reference_logprob, source="replay", prefix_matched=None,
+        teacher_label=example.step.label)
+
+
+def merge_rollout_states(replayed: list[CriticalState], rollout: list[CriticalState]) -> list[CriticalState]:
+    """Returns one state per reference step: the replay states, each replaced by the rollout divergence at
+    the same step when there is one (which takes the replayed accuracy and reference log-prob). The
+    policy went wrong there on its own trajectory, so the step is critical whatever the replay
+    accuracy; keeping both would make RL draw the step twice as often as the others."""
+    at = {(s.request_id, s.step): s for s in rollout}
+    merged = []
+    for state in replayed:
+        found = at.pop((state.request_id, state.step), None)
+        merged.append(state if found is None else dataclasses.replace(
+            found, replay_accuracy=state.replay_accuracy, reference_logprob=state.reference_logprob))
+    return merged + [s for s in rollout if (s.request_id, s.step) in at]
+
+
+def select_states(states: list[CriticalState], routine_share: float, seed: int) -> list[CriticalState]:
+    """Returns every critical state and a seeded draw of routine ones making `routine_share` of the
+    result (fewer when there are not enough), in the input order."""
+    critical = [i for i, s in enumerate(states) if s.critical]
+    routine = [i for i, s in enumerate(states) if not s.critical]
+    want = int(round(len(critical) * routine_share / (1.0 - routine_share))) if critical else 0
+    if not critical and routine_share > 0:
+        want = len(routine)  # nothing critical: the set is all routine (RL then has nothing to fix; the report says so)
+    want = min(want, len(routine))
+    keep = set(critical) | set(np.random.default_rng(seed).choice(routine, size=want, replace=False).tolist()
+                               if want else ())
+    return [s for i, s in enumerate(states) if i in keep]
+
+
+def _checkpoint(cfg, workdir: pathlib.Path) -> str:
+    spec = cfg.checkpoint or f"hf:{workdir / 'sft' / 'hf'}"
+    if spec.startswith("hf:") and not (pathlib.Path(spec[3:]).expanduser() / "config.json").is_file():
+        raise UserError(f"config.mine.checkpoint {spec!r}: no HF checkpoint there (run the sft stage with "
+                        "config.train.export_hf=True first, or point it at hf:/path)")
+    return spec
+
+
+def _rollout_states(config, workdir: pathlib.Path, chat_model, builder, store_dir: str, train_keys,
+                    settings: ReplaySettings) -> tuple[list[CriticalState], dict]:
+    """Plays the policy once on each training task group and returns the divergence states and the counts."""
+    from rmsweb_jax.agents.flax_policy import FlaxPolicy
+    from rmsweb_jax.mining import rollouts
+    from rmsweb_jax.sampling.sampler import SamplingParams
+    from rmsweb_jax.stages.collect import make_judge, make_suite
+    cfg = config.collect
+    tasks = rollouts.reference_task_groups(store_dir, train_keys)
+    # The rollout decodes as collection does (config.collect's temperature and token limit).
+    policy = FlaxPolicy(chat_model, builder, SamplingParams(max_new_tokens=cfg.max_new_tokens,
+                                                            temperature=cfg.temperature), seed=config.seed)
+    with make_suite(cfg) as suite:
+        rollout_dir, _ = rollouts.run_rollouts(config, workdir, policy, tasks, suite=suite, judge=make_judge(cfg))
+    found = rollouts.find_divergences(store_dir, rollout_dir, skip_labels=settings.skip_labels,
+                                      repetition_window=int(config.mine.repetition_window))
+    return found.states, {"store": str(rollout_dir), **found.counts}
+
+
+def run(config, workdir: pathlib.Path) -> dict:
+    """Mines the training split's reference steps; writes the state set, the report and summary.json."""
+    from rmsweb_jax.sampling.chat_model import ChatModel
+    cfg = config.mine
+    workdir = pathlib.Path(workdir)
+    try:
+        settings = ReplaySettings.from_config(cfg)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if not 0.0 <= cfg.routine_share < 1.0:
+        raise UserError(f"config.mine.routine_share must be in [0, 1) (the share of routine states in the state "
+                        f"set), got {cfg.routine_share}")
+    if cfg.max_states < 0:
+        raise UserError(f"config.mine.max_states must be >= 0 (0 = every training step), got {cfg.max_states}")
+    data, view, split, split_file = saved_split(config, workdir)
+    indices = split.train[:cfg.max_states] if cfg.max_states > 0 else split.train
+    if not len(indices):
+        raise UserError(f"{split_file} leaves no training steps of {data.store_dir} to mine (every task group is "
+                        "held out): lower config.data.held_out_fraction and rerun sft")
+    spec = _checkpoint(cfg, workdir)
+    store_dir = str(pathlib.Path(data.store_dir).resolve())
+    train_keys = sorted({view.task_key(i) for i in split.train})
+    out = workdir / NAME
+    chat_model = ChatModel.load(spec, workdir, config=config, max_batch=cfg.max_batch)
+    builder = PromptBuilder(prompt_config_from(config))
+    rollout_counts = None
+    try:
+        print(f"[mine] {spec}: replaying {len(indices)} reference steps of {len(train_keys)} training task groups "
+              f"(K={settings.samples}, temperature {settings.temperature:g}, tau {settings.tau:g})")
+        result = replay(view, indices, chat_model, builder, settings)
+        states = [replay_state(s, view[s.index], store_dir) for s in result.states]
+        if cfg.rollouts:
+            rollout, rollout_counts = _rollout_states(config, workdir, chat_model, builder, store_dir, train_keys,
+                                                      settings)
+            states = merge_rollout_states(states, rollout)
+    finally:
+        chat_model.close()
+    chosen = select_states(states, float(cfg.routine_share), int(cfg.seed))
+    path = write_state_set(out / STATES_FILE, chosen)
+    state_set = {"path": str(path), "states": len(chosen), "critical": sum(s.critical for s in chosen),
+                 "routine": sum(not s.critical for s in chosen), "routine_share": float(cfg.routine_share)}
+    extra = {"checkpoint": spec, "store_dir": store_dir, "split": str(split_file), "samples": settings.samples,
+             "temperature": settings.temperature, "skipped": result.skipped, "throughput": result.throughput,
+             "state_set": state_set, "rollouts": rollout_counts}
+    report = compute_report(states, tau=settings.tau, extra=extra)
+    paths = write_report(out, report)
+    summary = {k: report[k] for k in ("states", "critical", "routine", "critical_share", "failure_modes",
+                                      "teacher_noise", "throughput", "state_set", "skipped", "rollouts")}
+    summary["report"] = {k: str(v) for k, v in paths.items()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    modes = ", ".join(f"{m} {n}" for m, n in report["failure_modes"].items() if n) or "none"
+    print(f"[mine] {report['critical']}/{report['states']} states critical ({modes}); teacher noise "
+          f"{report['teacher_noise']['critical_with_label']}; {result.throughput['states_per_s']:.3f} states/s "
+          f"({100 * result.throughput['sampling_share']:.0f}% sampling); state set {path} "
+          f"({state_set['critical']} critical + {state_set['routine']} routine); report {paths['markdown']}")
+    return summary

@@ -1,0 +1,169 @@
+"""The `salvage` stage: Salvage-DS, group-relative RL of the SFT policy on the mined critical states.
+
+    python -m rmsweb_jax.main --config=configs/demo.py --config.stages=salvage --workdir=/tmp/run
+
+Reads the mine stage's state set (config.salvage.states, default <workdir>/mine/states.arrayrecord)
+and trains the policy of config.salvage.init (default hf:<workdir>/sft/hf, the sft export) with the
+shared Trainer and the Salvage-DS loss (train/rl_loss.py). Each update:
+
+1. dynamic sampling (salvage/dynamic_sampling.py): states in a seeded order, G responses each from
+   the CURRENT policy (ChatModel.sample_groups: one prefill per state), scored against the state's
+   reference action (salvage/rewards.py), gated (salvage/gates.py), until B groups are accepted or
+   the draw budget is spent;
+2. the batch (salvage/batches.py): policy rows of the accepted groups (exact sampled ids, their
+   advantages), anchor rows of the rejected ones the anchor keeps (reference tool call only);
+3. old log-probs of the exact rows from the trainer's own forward pass (and the frozen SFT
+   policy's when config.salvage.loss.kl_beta > 0), then one optimizer step; the sampler's model
+   is refreshed from the new parameters (the step donates the old ones).
+
+The sampler's state (epoch, position, draws) is the checkpoint's data state: a rerun resumes the
+exact sequence of draws. Sampling metrics (groups accepted / rejected / anchored, states drawn,
+shortfall, reward mean, correct share, rows) are reported with the loss's. Outputs:
+<workdir>/salvage/{checkpoints/, tensorboard/, metrics.jsonl, hf/, summary.json}.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+
+import jax
+
+from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
+from rmsweb_jax.data.batching import Buckets
+from rmsweb_jax.errors import UserError
+from rmsweb_jax.mining.state_set import StateSet
+from rmsweb_jax.processing.chat import encode_chat, encode_for_training
+from rmsweb_jax.salvage.batches import OLD_LOGPROBS, PromptTokens, anchor_row, policy_rows, salvage_batch
+from rmsweb_jax.salvage.dynamic_sampling import DrawSettings, DynamicSampler
+from rmsweb_jax.salvage.gates import GateSettings
+from rmsweb_jax.salvage.rewards import RewardSettings, score_samples
+from rmsweb_jax.stages.sft import check_tokenizer
+
+NAME = "salvage"
+REF_LOGPROBS = "token_ref_logprobs"
+
+
+class _States:
+    """The state set's prompts, reference encodings and observations, encoded on demand (cached per draw)."""
+
+    def __init__(self, states: StateSet, tokenizer, image_config, prompt_config):
+        self.states, self.tokenizer, self.image_config = states, tokenizer, image_config
+        self.builder = PromptBuilder(prompt_config)
+
+    @functools.lru_cache(maxsize=256)
+    def context(self, index: int):
+        """Returns (messages, observation) of state `index`: the policy's exact prompt, no reflections."""
+        example = self.states.example(index)
+        return self.builder.messages(example.context()), example.step.observation()
+
+    def name(self, index: int) -> str:
+        return self.states[index].state_id
+
+    def prompt(self, index: int) -> PromptTokens:
+        enc = encode_chat(self.tokenizer, self.context(index)[0], self.image_config)
+        return PromptTokens.from_encoded(enc, self.name(index), self.image_config.patch_dim)
+
+    def reference(self, index: int):
+        try:
+            return encode_for_training(self.tokenizer, self.context(index)[0], self.states[index].reference_text,
+                                       self.image_config)
+        except ValueError as err:
+            raise ValueError(f"state {self.name(index)} of {self.states.path}: {err}") from err
+
+
+def run(config, workdir: pathlib.Path) -> dict:
+    """Trains config.train.optimizer.total_steps Salvage-DS updates; writes summary.json."""
+    from rmsweb_jax.models.from_config import mesh_from_config
+    from rmsweb_jax.sampling.chat_model import ChatModel, default_stop_token_ids
+    from rmsweb_jax.sampling.model_from_config import load_model
+    from rmsweb_jax.sampling.sampler import SamplingParams
+    from rmsweb_jax.train.loop import Trainer
+    from rmsweb_jax.train.loss import resolve_loss_impl
+    from rmsweb_jax.train.rl_loss import RLLossSettings, make_salvage_loss
+    from rmsweb_jax.train.step import ModelParts
+
+    workdir = pathlib.Path(workdir)
+    cfg = config.salvage
+    # Settings and the state set first: a bad value or a missing state set fails before a model loads.
+    reward, gates, draw_settings = RewardSettings.from_config(cfg), GateSettings.from_config(cfg), \
+        DrawSettings.from_config(cfg)
+    loss_settings = RLLossSettings.from_config(cfg.loss)
+    batch_size = int(config.train.batch_size)
+    if batch_size < draw_settings.groups_per_step * draw_settings.group_size:
+        raise UserError(f"config.train.batch_size = {batch_size} cannot hold config.salvage.groups_per_step x "
+                        f"group_size = {draw_settings.groups_per_step} x {draw_settings.group_size} policy rows; "
+                        "raise the batch size or lower B or G")
+    states = StateSet(cfg.states or workdir / "mine" / "states.arrayrecord")
+    spec = cfg.init or f"hf:{workdir / 'sft' / 'hf'}"
+    if spec.startswith("hf:") and not (pathlib.Path(spec[3:]).expanduser() / "config.json").is_file():
+        raise UserError(f"config.salvage.init {spec!r}: no HF checkpoint there (run the sft stage first, or "
+                        "give hf:/path/to/checkpoint)")
+    run_config = config.copy_and_resolve_references()
+    run_config.model.init = spec
+    impl = resolve_loss_impl(config.train.loss_impl, mesh_from_config(config))
+    trainer = Trainer(run_config, workdir, name=NAME, loss_fn=make_salvage_loss(loss_settings, impl))
+    try:
+        tokenizer, image_config = check_tokenizer(trainer.init_dir, trainer.model_config)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        ref_params = None
+        if loss_settings.kl_beta > 0:  # the frozen SFT policy: the run's init, whatever step we resume at
+            ref_config = run_config.copy_and_resolve_references()
+            ref_config.model.init = f"hf:{trainer.init_dir}"
+            ref_params = ModelParts.split(load_model(ref_config, workdir)[0]).params
+        chat = ChatModel(trainer.model(), tokenizer, name=NAME, image_config=image_config,
+                         stop_token_ids=default_stop_token_ids(tokenizer, trainer.init_dir),
+                         max_batch=int(cfg.sample_batch))
+        params = SamplingParams(max_new_tokens=int(cfg.max_new_tokens), temperature=float(cfg.temperature),
+                                top_p=float(cfg.top_p))
+        data = _States(states, tokenizer, image_config, prompt_config_from(config))
+
+        def sample_fn(indices, seed):
+            return chat.sample_groups([data.context(i)[0] for i in indices], draw_settings.group_size, params,
+                                      seed=seed)
+
+        def score_fn(index, samples):
+            return score_samples([c.text for c in samples], states[index].reference_action, data.context(index)[1],
+                                 reward, finish_reasons=[c.finish_reason for c in samples])
+
+        sampler = DynamicSampler(len(states), sample_fn, score_fn, draw_settings, gates)
+        if trainer.data_state is not None:
+            sampler.set_state(trainer.data_state)
+        buckets = Buckets(config.data.buckets, config.data.bucket_patches, image_config.patch_dim,
+                          image_config.merge_size ** 2)
+        trainer.writer.message(f"[salvage] {states!r}; init {trainer.init_dir}; G={draw_settings.group_size}, "
+                               f"B={draw_settings.groups_per_step}, budget {draw_settings.max_draws_per_step} states, "
+                               f"reward {reward.kind}, gates {gates.gates}, anchor {draw_settings.anchor}")
+        totals = {"states_drawn": 0, "groups_accepted": 0, "groups_anchored": 0, "shortfall": 0}
+        while trainer.step_count < trainer.settings.total_steps:
+            draw = sampler.draw()
+            policy = [row for g in draw.accepted
+                      for row in policy_rows(data.prompt(g.state_index), g.samples, g.advantages, g.valid)]
+            anchors = [] if loss_settings.anchor_weight == 0 else [
+                anchor_row(data.reference(g.state_index), tokenizer, data.name(g.state_index), image_config.patch_dim)
+                for g in draw.anchored]
+            batch, info = salvage_batch(policy, anchors, buckets, batch_size, pad_id=pad_id,
+                                        process_index=jax.process_index(), process_count=jax.process_count())
+            batch[OLD_LOGPROBS] = trainer.token_logprobs(batch)
+            if ref_params is not None:
+                batch[REF_LOGPROBS] = trainer.token_logprobs(batch, params=ref_params)
+            metrics = {**draw.metrics(), **{f"rows_{k}": v for k, v in info.metrics().items() if k != "length"}}
+            trainer.step(batch, sampler.get_state(), host_metrics=metrics)
+            trainer.sync_model(chat.model)  # the step donated the old parameters
+            chat.refresh()
+            for key in totals:
+                totals[key] += int(metrics[key])
+        result = trainer.finish()
+    finally:
+        trainer.close()
+        states.close()
+    summary = {"steps": result.step, "resumed_from": result.resumed_from, "states": len(states),
+               "init_dir": str(trainer.init_dir), "sampler_state": sampler.get_state(),
+               "this_run": totals, "last_metrics": result.last_metrics,
+               "hf_dir": None if result.hf_dir is None else str(result.hf_dir)}
+    if jax.process_index() == 0:
+        (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"[salvage] {result.step} steps; {totals['groups_accepted']} groups accepted from "
+          f"{totals['states_drawn']} states drawn this run ({totals['shortfall']} short); checkpoints in "
+          f"{result.run_dir / 'checkpoints'}" + (f"; HF export {result.hf_dir}" if result.hf_dir else ""))
+    return summary

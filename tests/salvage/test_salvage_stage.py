@@ -1,0 +1,126 @@
+"""The salvage stage end to end on a tiny random policy: a state set from a real store, group sampling,
+the real gates and anchor, checkpoints with the sampler's state, kill -9 and exact resume, HF export.
+
+A random policy never writes the reference action, so with contrast gates every group is rejected and
+trains through the anchor (the policy rows' path is covered in test_batches / TRAIN's loss tests)."""
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rmsweb_jax.collect.sft_view import SFTView
+from rmsweb_jax.collect.store_fixture import write_synthetic_store
+from rmsweb_jax.main import run_stages
+from rmsweb_jax.mining.state_set import CriticalState, state_id, write_state_set
+from rmsweb_jax.train.metrics import read_metrics
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
+
+STEPS = 3
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _config():
+    from common import base_config
+    c = base_config()
+    c.stages = ("salvage",)
+    c.mesh.shape = (1, 1, 1)
+    c.data.buckets = (2560,)
+    c.data.bucket_patches = (640,)
+    c.train.batch_size = 4
+    c.train.optimizer.lr = 3e-3
+    c.train.optimizer.warmup_steps = 1
+    c.train.optimizer.total_steps = STEPS
+    c.train.checkpoint.every_steps = 1
+    c.train.checkpoint.keep = 5
+    c.train.checkpoint.async_save = False
+    c.train.metrics.every_steps = 1
+    c.salvage.init = "random:tiny"
+    c.salvage.group_size = 2
+    c.salvage.groups_per_step = 1
+    c.salvage.max_draws_per_step = 2
+    c.salvage.max_new_tokens = 6
+    c.salvage.sample_batch = 4
+    c.salvage.gates = "contrast"
+    c.salvage.anchor = "all"
+    c.salvage.loss.anchor_weight = 1.0
+    return c
+
+
+def write_states(tmp_path):
+    store = write_synthetic_store(tmp_path / "store", tasks=2, seeds=1, viewport=(200, 120))
+    view = SFTView(store)
+    states = []
+    for i in range(len(view)):
+        ex = view[i]
+        states.append(CriticalState(
+            state_id=state_id("replay", ex.request_id, ex.step.step), task_id=ex.task_id, seed=ex.seed,
+            attempt=ex.attempt, step=ex.step.step, request_id=ex.request_id, store_dir=str(store),
+            reference_text=ex.target_text, reference_action=ex.step.action, failure_mode="wrong_element",
+            critical=True, replay_accuracy=0.0, reference_logprob=None, source="replay", prefix_matched=None,
+            teacher_label=None))
+    write_state_set(tmp_path / "mine" / "states.arrayrecord", states)
+    return len(states)
+
+
+@pytest.mark.slow
+def test_salvage_trains_through_the_anchor_and_resumes_exactly(tmp_path):
+    n_states = write_states(tmp_path)
+    run_stages(_config(), tmp_path)
+    run_dir = tmp_path / "salvage"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["states"] == n_states
+    assert (run_dir / "hf" / "config.json").is_file()
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    assert sorted(metrics) == [1, 2, 3]
+    for m in metrics.values():
+        # Nothing right: both states of the budget drawn, none accepted, both anchored.
+        assert (m["groups_accepted"], m["states_drawn"], m["shortfall"], m["groups_anchored"]) == (0, 2, 1, 2)
+        assert m["correct_share"] == 0.0 and m["reward_mean"] == -1.0
+        assert m["rows_anchor_rows"] == 2 and m["rows_policy_rows"] == 0
+    assert summary["sampler_state"]["drawn"] == 2 * STEPS
+    losses = {s: m["loss"] for s, m in metrics.items()}
+    assert losses[3] < losses[1]  # the anchor NLL on the reference tool calls falls
+
+    # kill -9 a second run after its first checkpoint, rerun it: it resumes there and every loss and
+    # the sampler's draws equal the uninterrupted run's.
+    killed = tmp_path / "killed"
+    (killed / "mine").mkdir(parents=True)
+    shutil.copy(tmp_path / "mine" / "states.arrayrecord", killed / "mine")
+    command = [sys.executable, "-m", "tests.salvage.test_salvage_stage", str(killed)]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    with open(tmp_path / "killed.log", "w") as log:
+        victim = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 900
+        while time.time() < deadline and victim.poll() is None and not _checkpoints(killed / "salvage"):
+            time.sleep(0.01)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=60)
+    assert victim.returncode == -signal.SIGKILL, (victim.returncode, (tmp_path / "killed.log").read_text()[-3000:])
+    saved = _checkpoints(killed / "salvage")
+    assert saved and saved[-1] < STEPS and not (killed / "salvage" / "summary.json").exists(), saved
+    run_stages(_config(), killed)
+    again = json.loads((killed / "salvage" / "summary.json").read_text())
+    assert again["resumed_from"] == saved[-1] and again["steps"] == STEPS
+    assert again["sampler_state"] == summary["sampler_state"]
+    redone = read_metrics(killed / "salvage" / "metrics.jsonl")
+    assert sorted(redone) == sorted(metrics)
+    for step, m in redone.items():
+        assert abs(m["loss"] - losses[step]) <= 1e-6, (step, m["loss"], losses[step])
+        assert m["states_drawn"] == metrics[step]["states_drawn"]
+
+
+def _checkpoints(run_dir):
+    """Returns the finished checkpoint steps (Orbax renames a step's folder to its number when complete)."""
+    directory = run_dir / "checkpoints"
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+
+
+if __name__ == "__main__":  # the run that test_salvage_trains_through_the_anchor_and_resumes_exactly kills
+    run_stages(_config(), sys.argv[1])

@@ -1,0 +1,174 @@
+"""The mine stage end to end on a small store: sft trains the demo-sized model two steps and exports it,
+mine replays every reference step of the training split (never a held-out group, never a labelled
+detour) and writes the state set, whose examples are the SFT view's, and the report."""
+import dataclasses
+import json
+import os
+import sys
+
+import pytest
+from PIL import Image
+
+from rmsweb_jax.collect.sft_view import SFTView
+from rmsweb_jax.collect.store import StoreWriter
+from rmsweb_jax.collect.store_fixture import task_group, write_synthetic_store
+from rmsweb_jax.errors import UserError
+from rmsweb_jax.main import run_stages
+from rmsweb_jax.mining.state_set import StateSet
+from rmsweb_jax.mining.taxonomy import TAXONOMY
+from rmsweb_jax.stages.mine import merge_rollout_states, select_states
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
+VIEWPORT = (200, 120)
+
+
+def _config():
+    from common import base_config
+    c = base_config()
+    c.model.init = "random:demo"
+    c.model.scan_layers = False
+    c.mesh.shape = (1, 1, 1)
+    c.prompt.observation, c.prompt.system = "elements", "compact"  # text-only prompts of ~1k byte tokens
+    c.prompt.history_steps, c.prompt.history_images = 2, 0
+    c.data.batching, c.data.buckets, c.data.bucket_patches = "pack", (2048,), (0,)
+    c.data.held_out_fraction = 0.25
+    c.train.batch_size = 2
+    c.train.optimizer.total_steps = 2
+    c.train.optimizer.warmup_steps = 1
+    c.train.checkpoint.every_steps = 2
+    c.train.metrics.every_steps = 1
+    c.mine.samples = 2
+    c.mine.max_new_tokens = 8
+    c.mine.batch_states = 4
+    c.mine.max_batch = 8
+    c.mine.tau = 0.5
+    c.mine.routine_share = 0.25
+    return c
+
+
+def _store(path):
+    write_synthetic_store(path, tasks=3, seeds=2, viewport=VIEWPORT)
+    with StoreWriter(path) as writer:  # two more groups whose click step is a labelled teacher detour
+        for t in range(2):
+            (traj, steps), = task_group(f"synthetic.detour-{t}", 0, fail_first=False, viewport=VIEWPORT, variant=t)
+            writer.add_group([(traj, [dataclasses.replace(s, label="detour" if s.step == 1 else None)
+                                      for s in steps])])
+    return path
+
+
+def test_mine_without_an_sft_split_or_with_bad_settings_is_a_user_error(tmp_path):
+    config = _config()
+    config.stages = ("mine",)
+    with pytest.raises(UserError, match="split.json: no split; the sft stage writes it"):
+        run_stages(config, tmp_path)
+    config.mine.tau = 1.5
+    with pytest.raises(UserError, match=r"config.mine.tau must be in \(0, 1\]"):
+        run_stages(config, tmp_path)
+
+
+@pytest.mark.slow
+def test_mine_on_the_sft_training_split(tmp_path):
+    store = _store(tmp_path / "store")
+    config = _config()
+    config.stages = ("sft", "mine")
+    run_stages(config, tmp_path)
+
+    split = json.loads((tmp_path / "sft" / "split.json").read_text())
+    train = {tuple(k) for k in split["train_task_groups"]}
+    held = {tuple(k) for k in split["held_out_task_groups"]}
+    assert train and held
+    view = SFTView(store)
+    train_steps = [i for i in range(len(view)) if view.task_key(i) in train]
+    detours = [i for i in train_steps if view[i].step.label == "detour"]
+
+    report = json.loads((tmp_path / "mine" / "report.json").read_text())
+    assert report["states"] == len(train_steps) - len(detours)
+    assert report["skipped"] == ({"detour": len(detours)} if detours else {})
+    assert report["critical"] + report["routine"] == report["states"]
+    assert sum(report["failure_modes"].values()) == report["critical"]
+    assert set(report["failure_modes"]) == set(TAXONOMY)
+    assert report["throughput"]["states"] == report["states"] and report["throughput"]["states_per_s"] > 0
+    assert set(report["by_task"]) == {k[0] for k in train} and report["rollouts"] is None
+
+    with StateSet(tmp_path / "mine" / "states.arrayrecord") as states:
+        assert len(states) == report["state_set"]["states"]
+        assert sum(s.critical for s in states) == report["critical"]  # every critical state is kept
+        assert sum(not s.critical for s in states) == report["state_set"]["routine"]
+        by_name = {f"{view[i].request_id}/{view[i].step.step}": i for i in train_steps}
+        for i, state in enumerate(states):
+            assert state.key in train and state.key not in held
+            assert state.source == "replay" and state.teacher_label is None
+            assert state.critical == (state.replay_accuracy < config.mine.tau)
+            assert state.critical == (state.failure_mode in TAXONOMY)
+            assert state.reference_logprob is not None and state.reference_logprob < 0
+            example = states.example(i)
+            assert example == view[by_name[f"{state.request_id}/{state.step}"]]
+            assert state.reference_text == example.target_text and state.reference_action == example.step.action
+
+    summary = json.loads((tmp_path / "mine" / "summary.json").read_text())
+    assert summary["critical"] == report["critical"] and summary["state_set"] == report["state_set"]
+    markdown = (tmp_path / "mine" / "report.md").read_text()
+    assert "## Failure modes of critical states" in markdown and "## By task" in markdown
+    assert Image.open(tmp_path / "mine" / "failure_modes.png").size == (720, 360)
+
+
+def test_select_states_keeps_every_critical_state_and_the_routine_share(tmp_path):
+    from tests.mining.test_state_set import _state
+    view = SFTView(write_synthetic_store(tmp_path / "store", tasks=4, seeds=2))
+    states = [_state(view[i], store_dir=view.store_dir, failure_mode="wrong_text" if i < 6 else "routine")
+              for i in range(len(view))]
+    chosen = select_states(states, 0.25, seed=0)
+    assert [s for s in chosen if s.critical] == states[:6]
+    assert sum(not s.critical for s in chosen) == 2  # 6 critical are 75% of the set
+    assert chosen == select_states(states, 0.25, seed=0) != select_states(states, 0.25, seed=1)
+    assert select_states(states, 0.0, seed=0) == states[:6]
+    assert len(select_states(states, 0.9, seed=0)) == len(states)  # not enough routine states: all of them
+
+
+def test_a_rollout_divergence_replaces_the_replay_state_of_its_step(tmp_path):
+    from tests.mining.test_state_set import _state
+    view = SFTView(write_synthetic_store(tmp_path / "store", tasks=2, seeds=1))
+    replayed = [dataclasses.replace(_state(view[i], store_dir=view.store_dir, failure_mode="routine"),
+                                    replay_accuracy=1.0, reference_logprob=-0.5) for i in range(3)]
+    def diverged(i):
+        return dataclasses.replace(_state(view[i], store_dir=view.store_dir, failure_mode="wrong_element"),
+                                   state_id=f"rollout:{i}", source="rollout", prefix_matched=True,
+                                   replay_accuracy=None, reference_logprob=None)
+    rollout = [diverged(1), diverged(3)]
+    merged = merge_rollout_states(replayed, rollout)
+    assert [s.state_id for s in merged] == [replayed[0].state_id, "rollout:1", replayed[2].state_id, "rollout:3"]
+    assert merged[1].critical and merged[1].source == "rollout" and merged[1].failure_mode == "wrong_element"
+    assert (merged[1].replay_accuracy, merged[1].reference_logprob) == (1.0, -0.5)
+    assert merged[3].replay_accuracy is None  # a step replay did not visit keeps what the rollout knew
+
+
+@pytest.mark.slow
+def test_mine_with_rollouts_in_the_browser(tmp_path):
+    """collect (the teacher, no mistakes) -> sft (2 steps of the demo model) -> mine with on-policy rollouts
+    on real MiniWoB++ pages: every training group played once into the policy's own store, each failed
+    rollout's divergence a critical state replacing the replay state of its step."""
+    config = _config()
+    config.stages = ("collect", "sft", "mine")
+    config.collect.tasks, config.collect.num_seeds, config.collect.attempts = "click-button,focus-text", 2, 1
+    config.collect.workers, config.collect.max_steps, config.collect.max_new_tokens = 1, 3, 16
+    config.collect.teacher.wrong_element_p = config.collect.teacher.detour_p = 0.0
+    config.collect.teacher.early_stop_p = 0.0
+    config.mine.rollouts = True
+    run_stages(config, tmp_path)
+
+    split = json.loads((tmp_path / "sft" / "split.json").read_text())
+    report = json.loads((tmp_path / "mine" / "report.json").read_text())
+    counts = report["rollouts"]
+    assert counts["rollouts"] == len(split["train_task_groups"]) == 3
+    assert counts["rollouts"] == counts["solved"] + counts["failed"] + counts["undecided"]
+    assert counts["failed"] == counts["diverged"] + counts["matched_throughout"] + counts["no_reference"]
+    assert (tmp_path / "mine" / "rollouts").is_dir() and counts["store"].startswith(str(tmp_path / "mine" / "rollouts"))
+    states = StateSet(tmp_path / "mine" / "states.arrayrecord")
+    rollout = [s for s in states if s.source == "rollout"]
+    assert len(rollout) == counts["diverged"]
+    train = {tuple(k) for k in split["train_task_groups"]}
+    for state in rollout:
+        assert state.critical and (state.task_id, state.seed) in train and state.prefix_matched is not None
+        assert state.replay_accuracy is not None  # taken over from the replay state of the same step
+    steps = [(s.request_id, s.step) for s in states]
+    assert len(steps) == len(set(steps))  # one state per reference step

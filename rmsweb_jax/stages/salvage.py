@@ -45,7 +45,8 @@ REF_LOGPROBS = "token_ref_logprobs"
 
 
 class _States:
-    """The state set's prompts, reference encodings and observations, encoded on demand (cached per draw)."""
+    """The state set's prompts, reference encodings and observations, encoded on demand and cached: a
+    state drawn again in a later update is not tokenized (images included) again."""
 
     def __init__(self, states: StateSet, tokenizer, image_config, prompt_config):
         self.states, self.tokenizer, self.image_config = states, tokenizer, image_config
@@ -60,10 +61,12 @@ class _States:
     def name(self, index: int) -> str:
         return self.states[index].state_id
 
+    @functools.lru_cache(maxsize=256)
     def prompt(self, index: int) -> PromptTokens:
         enc = encode_chat(self.tokenizer, self.context(index)[0], self.image_config)
         return PromptTokens.from_encoded(enc, self.name(index), self.image_config.patch_dim)
 
+    @functools.lru_cache(maxsize=256)
     def reference(self, index: int):
         try:
             return encode_for_training(self.tokenizer, self.context(index)[0], self.states[index].reference_text,

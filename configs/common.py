@@ -90,6 +90,28 @@ def base_config() -> ml_collections.ConfigDict:
     c.collect.flush_every_s = 30.0
     c.collect.batch_window_s = 0.02       # how long a policy batch waits for more workers' steps
     c.collect.progress = True
+    c.collect.viewer = False              # True: also write the trajectory viewer <workdir>/collect_viewer/index.html
+                                          # (static HTML; copies every screenshot of the store)
+
+    # Stage "eval": policies played closed loop, one attempt each, on seeds disjoint from the training store;
+    # success (solved) with intervals, paired comparisons, cost, plots (rmsweb_jax/stages/eval.py). The suite,
+    # judge, workers, time limits and viewport come from c.collect.
+    c.eval = ml_collections.ConfigDict()
+    c.eval.policies = "sft"               # comma-separated: sft | salvage (their hf exports) | teacher (the scripted
+                                          # collector's attempt 1, a reference row) | hf:/path | flax:<model spec> |
+                                          # http:<base_url>#<model>; each may be given a label: "<label>=<spec>"
+    c.eval.tasks = ""                     # comma-separated task ids; "" = collect.tasks
+    c.eval.first_seed = 100_000           # seeds first_seed .. first_seed + num_seeds - 1 per task: refused when a
+    c.eval.num_seeds = 20                 # (task, seed) is in the training store (live suites: a task id)
+    c.eval.max_steps = 15
+    c.eval.max_new_tokens = 256
+    c.eval.temperature = 0.0
+    c.eval.training_store = ""            # "" = the collect store (collect.store_dir or <workdir>/store); "none" =
+                                          # skip the seed check (a warning is printed)
+    c.eval.compare = ""                   # "" = every policy against the first; or "a:b,c:d" by label
+    c.eval.bootstrap_samples = 10_000
+    c.eval.bootstrap_seed = 0
+    c.eval.viewer = True                  # write the trajectory viewer <workdir>/eval/viewer/ over every policy
 
     # The shared trainer (rmsweb_jax/train/): SFT and Salvage-DS stages read this block.
     c.train = ml_collections.ConfigDict()
@@ -137,18 +159,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.read_threads = 1               # threads encoding examples in each process
     c.data.read_buffer_size = 8
 
-    # Stage "action_accuracy": greedy per-step action accuracy of a policy on held-out steps ("steps"), or
-    # its closed-loop success in the browser on held-out seeds ("closed_loop"; rmsweb_jax/stages/action_accuracy.py).
+    # Stage "action_accuracy": greedy per-step action accuracy of a policy on held-out steps, an offline proxy
+    # (rmsweb_jax/stages/action_accuracy.py); closed-loop success in the browser is the eval stage's (c.eval).
     c.action_accuracy = ml_collections.ConfigDict()
-    c.action_accuracy.mode = "steps"      # steps | closed_loop
+    c.action_accuracy.mode = "steps"      # steps (the only mode; "closed_loop" is now the eval stage)
     c.action_accuracy.checkpoint = ""     # "" = hf:<workdir>/sft/hf (the sft stage's export); or hf:/path
     c.action_accuracy.max_examples = 0    # 0 = every held-out step
     c.action_accuracy.batch_size = 8      # prompts per generate call
     c.action_accuracy.max_new_tokens = 128
-    c.action_accuracy.closed_loop = ml_collections.ConfigDict()  # MiniWoB++ tasks of collect.tasks, 1 attempt
-    c.action_accuracy.closed_loop.first_seed = 100_000  # seeds first_seed .. + num_seeds - 1: must be disjoint
-    c.action_accuracy.closed_loop.num_seeds = 20         # from the seeds sft trained on (checked against split.json)
-    c.action_accuracy.closed_loop.max_steps = 8
 
     # Stage "mine": the SFT policy's critical states on the sft training split (rmsweb_jax/mining/).
     c.mine = ml_collections.ConfigDict()

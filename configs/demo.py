@@ -7,9 +7,10 @@ BPE tokenizer written with it, one multimodal generation), `collect` (MiniWoB++ 
 ScriptedTeacher — a scripted stand-in for an LLM collector, a few injected mistakes — over
 DEMO_TASKS x num_seeds seeds, K=2 attempts, into workdir/store), `sft` (the demo model trained on
 the store's successful steps, prompts that show the page as an element list in the action's own
-0-1000 grid with a compact system prompt; workdir/sft/) and `action_accuracy` in closed-loop mode (the SFT policy
-plays held-out seeds — disjoint from the collected ones — in the browser, one attempt, no
-reflection; success per task with 95% Wilson intervals in workdir/closed_loop.{json,md}).
+0-1000 grid with a compact system prompt; workdir/sft/) and `eval` (the SFT policy and, as a reference
+row, the scripted collector play held-out seeds — disjoint from the collected ones — in the browser,
+one attempt, no reflection; success per task with 95% Wilson intervals, the paired comparison, the
+trajectory viewer: workdir/eval/).
 A toy-scale policy trained on a scripted collector's data: see README's demo section for figures.
 """
 import os
@@ -25,7 +26,7 @@ DEMO_TASKS = ("click-dialog", "click-dialog-2", "focus-text", "focus-text-2", "c
 
 def get_config(arg=None):
     c = base_config()
-    c.stages = ("model", "collect", "sft", "action_accuracy")
+    c.stages = ("model", "collect", "sft", "eval")
     c.model.init = "random:demo"
     c.model.scan_layers = False           # 4 layers: a Python loop is faster per step, compiles in seconds
 
@@ -66,10 +67,9 @@ def get_config(arg=None):
     c.train.checkpoint.every_steps = 500
     c.train.metrics.every_steps = 50
 
-    c.action_accuracy.mode = "closed_loop"
-    c.action_accuracy.batch_size = 2
-    c.action_accuracy.max_new_tokens = 96
-    c.action_accuracy.closed_loop.first_seed = 100_000
-    c.action_accuracy.closed_loop.num_seeds = 30
-    c.action_accuracy.closed_loop.max_steps = 6
+    c.eval.policies = "sft,teacher"       # the teacher row: the scripted collector's attempt 1, a reference
+    c.eval.first_seed = 100_000
+    c.eval.num_seeds = 30
+    c.eval.max_steps = 6
+    c.eval.max_new_tokens = 96
     return c

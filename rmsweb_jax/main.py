@@ -30,7 +30,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 # (so that --help and a misspelt stage name answer at once).
 STAGES = {"model": "model_smoke", "collect": "collect", "train_smoke": "train_smoke", "sft": "sft",
           "action_accuracy": "action_accuracy", "mine": "mine",
-          "salvage": "salvage"}
+          "salvage": "salvage", "eval": "eval"}
 USAGE_ERROR = 2  # exit status of a user error, as argparse and absl's usage errors use
 TRACEBACK_ENV = "RMSWEB_TRACEBACK"
 

@@ -35,7 +35,7 @@ TrajectoryRecord (kind "trajectory") — one attempt of one task:
 | task | dict | the Task record (`Task.to_dict()`) |
 | instruction | str | the instruction of this attempt |
 | reflections | tuple[str] | reflections in the policy's context (empty on attempt 1) |
-| verdict | Verdict | the judge's decision (outcome, reason, score, raw, judge, calls); judge "pool": lost to faults |
+| verdict | Verdict | the judge's decision (outcome, reason, score, raw, judge, calls, prompt_tokens, completion_tokens: the judge model's tokens, 0 in stores written before they were counted); judge "pool": lost to faults |
 | success | bool | verdict.success (programmatic judge: the raw reward under config.collect.success) |
 | reward, suite_success | float/None, bool/None | what the suite reported: raw reward, solved or not |
 | num_steps | int | steps taken (= StepRecords stored for this attempt) |

@@ -198,6 +198,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"| policy steps / reflections / parse errors | {policy['steps_acted']} / {policy['reflections_written']} / "
         f"{policy['parse_errors']} |",
         f"| policy tokens (prompt / completion) | {policy['prompt_tokens']} / {policy['completion_tokens']} |",
+        "", "The step figures compare different subsets of tasks (those solved on attempt 1 against those solved "
+        "only on a retry, which tend to be the harder ones), so their difference is not the effect of retrying; "
+        "the eval stage compares steps on episodes both policies solved.",
         "", "## Success by attempt budget", "", "| attempts ≤ | success | newly solved |", "|---|---|---|",
     ]
     for a, value in report["success_at_le_k"].items():

@@ -39,7 +39,8 @@ class Verdict:
     """A judge's decision. `outcome` is "success", "failure" or "error" (the judge could not
     decide: unparseable output, endpoint down); an error is never counted as a success.
     `reason` explains it in words; `raw` keeps the judge model's text; `calls` counts the
-    endpoint calls it took."""
+    endpoint calls it took, `prompt_tokens` / `completion_tokens` the tokens their replies
+    reported (0 for judges without a model, and in stores written before they were recorded)."""
 
     outcome: str
     reason: str = ""
@@ -47,6 +48,8 @@ class Verdict:
     raw: str = ""
     judge: str = ""
     calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:

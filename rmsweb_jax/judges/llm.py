@@ -1,11 +1,13 @@
 """What every LLM judge shares: the chat callable, message parts, the attempt's screenshots and
 action history as judges show them, and tolerant readers for the judge model's text.
 
-A judge talks to its model through `chat(messages) -> text`, messages in OpenAI chat format
-(content parts {"type": "text"} and {"type": "image_url"} with PNG data URLs). Production wraps
-an OpenAI-compatible endpoint (`chat_from_client`); anything else that maps messages to text
-works the same. A call that raises, or returns something other than text, ends the judgement as
-a recorded error (`JudgeFailure` → Verdict(outcome="error")), never as a success.
+A judge talks to its model through `chat(messages) -> reply`, messages in OpenAI chat format
+(content parts {"type": "text"} and {"type": "image_url"} with PNG data URLs). The reply is the
+text, or an object with `.text`, `.prompt_tokens` and `.completion_tokens` (what
+`chat_from_client` returns over an OpenAI-compatible endpoint: the server's token counts); a
+judgement's Verdict carries the calls and the token sums (0 for plain-text replies), the judge's
+share of the accuracy-cost trade-off. A call that raises, or returns neither, ends the judgement
+as a recorded error (`JudgeFailure` → Verdict(outcome="error")), never as a success.
 """
 from __future__ import annotations
 
@@ -13,12 +15,21 @@ import base64
 import json
 import re
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from rmsweb_jax.judges.base import ERROR, JudgeInput, Verdict
 from rmsweb_jax.web.action_text import CLOSE, OPEN
 
-Chat = Callable[[list[dict]], str]
+
+class ChatReply(Protocol):
+    """A reply with the server's token counts (agents.chat_client.ChatResult is one)."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+Chat = Callable[[list[dict]], "str | ChatReply"]
 
 
 class JudgeFailure(Exception):
@@ -30,36 +41,71 @@ class JudgeFailure(Exception):
         self.reason, self.raw = reason, raw
 
 
-class ChatSession:
-    """Counts the calls one judgement makes and turns endpoint failures into JudgeFailure.
+class EmptyReply(RuntimeError):
+    """A reply with no text (cut at max_tokens): a failed call whose tokens were still spent;
+    `reply` keeps the counts."""
 
-    The counter is guarded by a lock: WebJudge scores screenshots from worker threads.
+    def __init__(self, message: str, reply: ChatReply):
+        super().__init__(message)
+        self.reply = reply
+
+
+class ChatSession:
+    """Counts the calls one judgement makes and the tokens their replies report, and turns
+    endpoint failures into JudgeFailure.
+
+    The counters are guarded by a lock: WebJudge scores screenshots from worker threads. A call
+    that fails still counts as a call (the endpoint was asked); its tokens count only when the
+    server reported them (an empty reply cut at max_tokens, EmptyReply), else they are unknown (0).
     """
 
     def __init__(self, chat: Chat):
-        self._chat, self._lock, self.calls = chat, threading.Lock(), 0
+        self._chat, self._lock = chat, threading.Lock()
+        self.calls = self.prompt_tokens = self.completion_tokens = 0
 
     def ask(self, messages: list[dict], what: str) -> str:
         """Returns the model's text for `messages`; raises JudgeFailure naming `what` was asked."""
         with self._lock:
             self.calls += 1
         try:
-            text = self._chat(messages)
+            reply = self._chat(messages)
+        except EmptyReply as e:
+            self._count(e.reply)
+            raise JudgeFailure(f"{what}: judge endpoint call failed: {e}") from None
         except Exception as e:  # noqa: BLE001 — any transport failure is a judge error, not a crash
             raise JudgeFailure(f"{what}: judge endpoint call failed: {type(e).__name__}: {e}") from None
-        if not isinstance(text, str):
-            raise JudgeFailure(f"{what}: judge endpoint returned {type(text).__name__}; expected the reply text (str)")
-        return text
+        if isinstance(reply, str):
+            return reply
+        if not isinstance(getattr(reply, "text", None), str) or not self._count(reply):
+            raise JudgeFailure(f"{what}: judge endpoint returned {type(reply).__name__}; expected the reply text (str) "
+                               "or an object with .text (str), .prompt_tokens and .completion_tokens (ints >= 0)")
+        return reply.text
+
+    def _count(self, reply: ChatReply) -> bool:
+        """Adds the reply's token counts; returns False (adding nothing) when they are not ints >= 0."""
+        tokens = (getattr(reply, "prompt_tokens", None), getattr(reply, "completion_tokens", None))
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in tokens):
+            return False
+        with self._lock:
+            self.prompt_tokens += tokens[0]
+            self.completion_tokens += tokens[1]
+        return True
+
+    def verdict(self, outcome: str, **fields: Any) -> Verdict:
+        """Returns a Verdict carrying this session's calls and token sums besides `fields`."""
+        return Verdict(outcome=outcome, calls=self.calls, prompt_tokens=self.prompt_tokens,
+                       completion_tokens=self.completion_tokens, **fields)
 
 
-def error_verdict(judge: str, failure: JudgeFailure, calls: int) -> Verdict:
-    """Returns the error verdict for a failed judgement."""
-    return Verdict(outcome=ERROR, reason=failure.reason, raw=failure.raw, judge=judge, calls=calls)
+def error_verdict(judge: str, failure: JudgeFailure, session: ChatSession) -> Verdict:
+    """Returns the error verdict for a failed judgement, with the calls and tokens `session` spent."""
+    return session.verdict(ERROR, reason=failure.reason, raw=failure.raw, judge=judge)
 
 
 def chat_from_client(client: Any, *, max_tokens: int = 1024, temperature: float = 0.0) -> Chat:
     """Returns a chat callable over an rmsweb_jax.agents.chat_client.ChatClient (or anything with
-    the same `complete(messages, max_tokens=, temperature=) -> ChatResult` method).
+    the same `complete(messages, max_tokens=, temperature=) -> ChatResult` method); it returns the
+    ChatResult itself (text and token counts).
 
     A reply cut at `max_tokens` with no text raises, so it is recorded as a judge error rather
     than parsed as an empty verdict."""
@@ -70,11 +116,11 @@ def chat_from_client(client: Any, *, max_tokens: int = 1024, temperature: float 
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens!r}")
 
-    def chat(messages: list[dict]) -> str:
+    def chat(messages: list[dict]) -> ChatReply:
         result = client.complete(messages, max_tokens=max_tokens, temperature=temperature)
         if not result.text and result.finish_reason == "length":
-            raise RuntimeError(f"empty reply cut at max_tokens={max_tokens} (finish_reason 'length')")
-        return result.text
+            raise EmptyReply(f"empty reply cut at max_tokens={max_tokens} (finish_reason 'length')", result)
+        return result  # text and the server's token counts: ChatSession sums them into the Verdict
 
     return chat
 

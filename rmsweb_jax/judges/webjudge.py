@@ -184,13 +184,12 @@ class WebJudge:
                                    "'Status: \"failure\"', "
                                    f"got {preview(text[-200:] if text else text)}", raw=text)
         except JudgeFailure as failure:
-            return WebJudgeRecord(error_verdict(self.name, failure, session.calls), key_points, tuple(scores))
+            return WebJudgeRecord(error_verdict(self.name, failure, session), key_points, tuple(scores))
         reason = (f"Status: {status}; {len(kept)}/{len(scores)} screenshots kept (score >= {self.score_threshold}, "
                   f"max {self.max_images}); scores {[s.score for s in scores]}")
         if unreadable:
             reason += f"; no readable score for screenshots {unreadable} (counted 0)"
-        verdict = Verdict(outcome=SUCCESS if status == SUCCESS else FAILURE, reason=reason, raw=text, judge=self.name,
-                          calls=session.calls)
+        verdict = session.verdict(SUCCESS if status == SUCCESS else FAILURE, reason=reason, raw=text, judge=self.name)
         return WebJudgeRecord(verdict, key_points, tuple(scores), tuple(s.index for s in kept))
 
     def judge(self, attempt: JudgeInput) -> Verdict:

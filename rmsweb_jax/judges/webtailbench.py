@@ -212,14 +212,14 @@ class WebTailBenchJudge:
                 raise JudgeFailure("WebTailBench rubric: no criterion counts (every counted criterion has max_points 0 "
                                    "or every condition is unmet); expected at least one applicable criterion", raw=text)
         except JudgeFailure as failure:
-            return RubricRecord(error_verdict(self.name, failure, session.calls))
+            return RubricRecord(error_verdict(self.name, failure, session))
         score = earned / total_max
         # The tolerance keeps a score of exactly the threshold (11.2/14 = 0.79999... in floats) a success.
         outcome = SUCCESS if score >= self.threshold - 1e-9 else FAILURE
         reason = (f"rubric {earned:g}/{total_max:g} = {score:.3f} {'>=' if outcome == SUCCESS else '<'} "
                   f"{self.threshold:g}; " + "; ".join(f"{s.criterion}: {s.earned_points:g}/{s.max_points:g}"
                                                      + ("" if s.counted else " (condition unmet)") for s in scores))
-        verdict = Verdict(outcome=outcome, reason=reason, score=score, raw=text, judge=self.name, calls=session.calls)
+        verdict = session.verdict(outcome, reason=reason, score=score, raw=text, judge=self.name)
         return RubricRecord(verdict, tuple(scores))
 
     def judge(self, attempt: JudgeInput) -> Verdict:

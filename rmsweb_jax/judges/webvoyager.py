@@ -94,6 +94,6 @@ class WebVoyagerJudge:
                 raise JudgeFailure(f"WebVoyager verdict: expected 'SUCCESS' or 'NOT SUCCESS' in the reply, got "
                                    f"{preview(text)}", raw=text)
         except JudgeFailure as failure:
-            return error_verdict(self.name, failure, session.calls)
+            return error_verdict(self.name, failure, session)
         reason = f"judge said {'NOT SUCCESS' if outcome == FAILURE else 'SUCCESS'}: {preview(text, 300)}"
-        return Verdict(outcome=outcome, reason=reason, raw=text, judge=self.name, calls=session.calls)
+        return session.verdict(outcome, reason=reason, raw=text, judge=self.name)

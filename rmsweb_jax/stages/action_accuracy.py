@@ -10,8 +10,8 @@ builder, no reflections); the turn is parsed and compared with the stored action
 The checkpoint is config.action_accuracy.checkpoint (default hf:<workdir>/sft/hf, the sft export).
 Writes <workdir>/sft_eval.json. An offline proxy.
 
-config.action_accuracy.mode = "closed_loop" measures in the browser instead: the policy plays
-held-out MiniWoB++ seeds, one attempt each (rmsweb_jax/stages/closed_loop.py; closed_loop.{json,md}).
+Closed-loop success in the browser, on seeds disjoint from the training store, is the `eval` stage's
+(rmsweb_jax/stages/eval.py); config.action_accuracy.mode "closed_loop", which did that before, now says so.
 """
 from __future__ import annotations
 
@@ -56,18 +56,17 @@ def reference_agreement(examples: list[SFTExample]) -> float:
     return hits / len(examples)
 
 
-MODES = ("steps", "closed_loop")
+MODES = ("steps",)
 
 
 def run(config, workdir: pathlib.Path) -> dict:
-    """Evaluates the checkpoint as config.action_accuracy.mode says: on the held-out steps ("steps",
-    workdir/sft_eval.json) or closed loop on held-out seeds ("closed_loop"); returns the report."""
+    """Evaluates the checkpoint on the held-out steps (workdir/sft_eval.json); returns the report."""
     mode = config.action_accuracy.mode
+    if mode == "closed_loop":
+        raise UserError("config.action_accuracy.mode 'closed_loop' is now the eval stage: run "
+                        "--config.stages=eval (config.eval.policies, first_seed, num_seeds, max_steps)")
     if mode not in MODES:
         raise UserError(f"config.action_accuracy.mode = {mode!r}; expected one of {list(MODES)}")
-    if mode == "closed_loop":
-        from rmsweb_jax.stages import closed_loop
-        return closed_loop.run(config, workdir)
     return step_accuracy(config, workdir)
 
 

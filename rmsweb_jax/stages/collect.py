@@ -20,13 +20,16 @@ that cannot decide (endpoint down, unparseable reply) records an error verdict a
 task group unsolved, without a reflection (see rmsweb_jax/collect/retries.py); the report counts
 judge errors. Such a group is committed like any other, so a rerun over the same store skips it.
 
-Reads config.collect (see configs/common.py). Writes workdir/store (or collect.store_dir) and
-workdir/collect_report.{json,md,png}. Rerunning with the same store resumes: task groups
-already committed are skipped, so a killed run loses at most the groups still in flight.
+Reads config.collect (see configs/common.py). Writes workdir/store (or collect.store_dir),
+workdir/collect_report.{json,md,png} and, with collect.viewer, the trajectory viewer
+workdir/collect_viewer/index.html (rmsweb_jax/evaluate/viewer.py). Rerunning with the same
+store resumes: task groups already committed are skipped, so a killed run loses at most the
+groups still in flight.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pathlib
 
@@ -42,6 +45,7 @@ from rmsweb_jax.suites.task import Task
 from rmsweb_jax.web.worker import WorkerConfig
 
 REPORT_NAME = "collect_report"
+VIEWER_DIR = "collect_viewer"  # collect.viewer: the static HTML viewer over the store
 SUITES = ("miniwob", "webvoyager", "online_mind2web", "webtailbench")
 LIVE_SUITES = ("webvoyager", "online_mind2web", "webtailbench")
 # The judge each benchmark's published numbers use; collect.judge = "<base_url>#<model>" picks it.
@@ -57,12 +61,12 @@ def _endpoint(spec: str, what: str) -> tuple[str, str]:
     return base_url, model
 
 
-def _api_key(cfg, field: str = "api_key_env") -> str | None:
-    name = cfg.get(field, "")
+def _api_key(name: str, key: str) -> str | None:
+    # `name` is the env var that config key `key` names ("" = no key).
     if not name:
         return None
     if name not in os.environ:
-        raise UserError(f"collect.{field} names ${name}, which is not set")
+        raise UserError(f"{key} names ${name}, which is not set")
     return os.environ[name]
 
 
@@ -71,34 +75,63 @@ def _prompt_builder(config):
     return PromptBuilder(prompt_config_from(config))
 
 
-def make_policy(config, workdir: pathlib.Path, task_ids: list[str]):
-    """Returns the Policy named by config.collect.policy: "teacher" (ScriptedTeacher with
-    collect.teacher's mistakes), "flax:<model spec>" (our model in-process, e.g. flax:random:tiny
-    or flax:hf:/ckpt) or "http:<base_url>#<model>" (an OpenAI-compatible endpoint)."""
+@dataclasses.dataclass(frozen=True)
+class PolicySettings:
+    """What building a policy takes besides its spec: the suite it plays, the model's batch size,
+    its sampling, the teacher's mistakes (MistakeConfig fields), the env var holding an endpoint's
+    API key, and the config key that named the spec (for error messages)."""
+
+    suite: str
+    max_batch: int
+    max_new_tokens: int
+    temperature: float
+    teacher: dict
+    api_key_env: str
+    key: str
+
+
+def collect_policy_settings(config) -> PolicySettings:
+    """Returns the PolicySettings of config.collect (the collecting policy)."""
     cfg = config.collect
-    spec = cfg.policy
-    if spec == "teacher" and cfg.suite != "miniwob":
-        raise UserError(f"collect.policy 'teacher' cannot play the {cfg.suite} suite: the ScriptedTeacher only knows "
-                        "MiniWoB++; use 'http:<base_url>#<model>' or 'flax:<model spec>'")
+    return PolicySettings(suite=cfg.suite, max_batch=cfg.workers, max_new_tokens=cfg.max_new_tokens,
+                          temperature=cfg.temperature, teacher=dict(cfg.teacher.to_dict()),
+                          api_key_env=cfg.api_key_env, key="collect.policy")
+
+
+def build_policy(spec: str, settings: PolicySettings, *, config, workdir: pathlib.Path, task_ids: list[str]):
+    """Returns the Policy of `spec`: "teacher" (ScriptedTeacher with settings.teacher's mistakes),
+    "flax:<model spec>" (our model in-process, e.g. flax:random:tiny or flax:hf:/ckpt, with the
+    run's config for dtypes, mesh and prompt) or "http:<base_url>#<model>" (an OpenAI-compatible
+    endpoint). Raises UserError naming settings.key for an unknown spec or a teacher on a live suite."""
+    if spec == "teacher" and settings.suite != "miniwob":
+        raise UserError(f"{settings.key} 'teacher' cannot play the {settings.suite} suite: the ScriptedTeacher only "
+                        "knows MiniWoB++; use 'http:<base_url>#<model>' or 'flax:<model spec>'")
     if spec == "teacher":
         from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher
-        mistakes = MistakeConfig.from_dict(dict(cfg.teacher.to_dict()))
-        return ScriptedTeacher(mistakes, tasks=task_ids)
+        return ScriptedTeacher(MistakeConfig.from_dict(settings.teacher), tasks=task_ids)
     kind, _, rest = spec.partition(":")
     if kind == "flax" and rest:
         from rmsweb_jax.sampling.chat_model import ChatModel
         from rmsweb_jax.agents.flax_policy import FlaxPolicy
         from rmsweb_jax.sampling.sampler import SamplingParams
-        chat_model = ChatModel.load(rest, workdir, config=config, max_batch=cfg.workers)
-        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+        chat_model = ChatModel.load(rest, workdir, config=config, max_batch=settings.max_batch)
+        params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
         return FlaxPolicy(chat_model, _prompt_builder(config), params, seed=config.seed, owns_model=True)
     if kind == "http" and rest:
         from rmsweb_jax.agents.chat_client import ChatClient
         from rmsweb_jax.agents.http_policy import HttpPolicy
-        base_url, model = _endpoint(rest, "collect.policy")
-        client = ChatClient(base_url, model, api_key=_api_key(cfg), max_concurrency=cfg.workers)
-        return HttpPolicy(client, _prompt_builder(config), max_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
-    raise UserError(f"collect.policy {spec!r}: expected 'teacher', 'flax:<model spec>' or 'http:<base_url>#<model>'")
+        base_url, model = _endpoint(rest, settings.key)
+        api_key = _api_key(settings.api_key_env, "collect.api_key_env")
+        client = ChatClient(base_url, model, api_key=api_key, max_concurrency=settings.max_batch)
+        return HttpPolicy(client, _prompt_builder(config), max_tokens=settings.max_new_tokens,
+                          temperature=settings.temperature)
+    raise UserError(f"{settings.key} {spec!r}: expected 'teacher', 'flax:<model spec>' or 'http:<base_url>#<model>'")
+
+
+def make_policy(config, workdir: pathlib.Path, task_ids: list[str]):
+    """Returns the Policy named by config.collect.policy (see build_policy)."""
+    return build_policy(config.collect.policy, collect_policy_settings(config), config=config, workdir=workdir,
+                        task_ids=task_ids)
 
 
 def judge_spec(cfg) -> tuple[str, str | None]:
@@ -153,7 +186,7 @@ def make_judge(cfg):
     shots = cfg.judge_screenshots
     if shots:  # WebJudge keeps up to this many relevant screenshots; the others attach the last this many
         options["max_images" if name == "webjudge" else "max_screenshots"] = int(shots)
-    api_key = _api_key(cfg, "judge_api_key_env")
+    api_key = _api_key(cfg.judge_api_key_env, "collect.judge_api_key_env")
     client = ChatClient(base_url, model, api_key=api_key, max_concurrency=max(cfg.workers, 8))
     return build(name, chat_from_client(client), **options)
 
@@ -323,4 +356,8 @@ def run(config, workdir: pathlib.Path) -> dict:
     print(f"[collect] mean steps: solved on attempt 1 {report['mean_steps_solved_first_attempt']}, solved on a retry "
           f"{report['mean_steps_solved_retried']} (their failed attempt 1: "
           f"{report['mean_steps_failed_first_attempt_of_retried']}); report {workdir / (REPORT_NAME + '.md')}")
+    if cfg.viewer:
+        from rmsweb_jax.evaluate.viewer import write_viewer
+        index = write_viewer([store_dir], workdir / VIEWER_DIR)
+        print(f"[collect] trajectory viewer: {index}")
     return report

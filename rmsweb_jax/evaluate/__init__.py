@@ -1,0 +1,1 @@
+"""Closed-loop evaluation of policies: statistics, reports, plots and the HTML trajectory viewer."""

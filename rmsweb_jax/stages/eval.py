@@ -1,0 +1,397 @@
+"""The `eval` stage: each policy of config.eval.policies plays the evaluation tasks x seeds closed loop
+(one attempt, no reflection), then the report with intervals, paired comparisons and plots.
+
+    python -m rmsweb_jax.main --config=configs/demo.py --config.stages=eval --workdir=/tmp/run \
+        --config.eval.policies=sft,teacher --config.eval.num_seeds=20
+
+    # a live benchmark (the open web, its official LLM judge; not in CI): one run per task
+    python -m rmsweb_jax.main --config=configs/demo.py --config.stages=eval --workdir=/tmp/wv \
+        --config.collect.suite=webvoyager --config.collect.task_list=/data/WebVoyager_data.jsonl \
+        --config.collect.judge=http://judge.example:8000/v1#qwen3-vl-32b --config.eval.num_seeds=1 \
+        --config.eval.max_steps=30 --config.eval.policies=sft,qwen=http:http://127.0.0.1:8000/v1#qwen3-vl-8b
+
+Policies (comma-separated; each may be labelled, "<label>=<spec>"): `sft` and `salvage` (that
+stage's HF export <workdir>/<stage>/hf, run in-process), `teacher` (ScriptedTeacher with
+collect.teacher's mistakes: the collector's attempt-1 behaviour, a reference row and no result),
+`hf:/path`, `flax:<model spec>` (e.g. flax:random:tiny), `http:<base_url>#<model>`. The policy's id
+is "<label>@<identity>": the weights' digest for an in-process model (sampling/chat_model.py
+checkpoint_name; a random preset's written weights too, so its seed counts), a hash of the spec for
+an endpoint, a hash of the mistake settings for the teacher. Its episodes go to
+<workdir>/eval/<id>/store, so another checkpoint's episodes are never reused and a rerun resumes
+(committed task groups are skipped). What else decides an episode (max_steps, the judge, the
+sampling, the prompt) is recorded beside the store in settings.json; a rerun with other values is
+refused rather than mixed into the same figures.
+
+The environment is config.collect's: suite, task file, judge, workers, step timeout, MiniWoB++'s
+time limit, viewport (the same make_suite / make_judge as the collect stage); eval.tasks "" takes
+collect.tasks. Success is the judge's verdict under the "solved" rule whatever collect.success
+says (a partial MiniWoB++ reward is a failure).
+
+Seeds: an evaluation on (task, seed) pairs the policy trained on measures memory, not skill. The
+stage reads the task groups of the training store (eval.training_store; "" = the collect store)
+and refuses every evaluation pair found there, naming some; live suites cannot be seeded, so there
+a task id found in the training store is refused. "none" skips the check, with a warning.
+
+Outputs in <workdir>/eval/: eval_report.{json,md,png} (rmsweb_jax/evaluate/report.py),
+training_curves.png (the sft and salvage stages' TensorBoard scalars, those present) and, with
+eval.viewer, viewer/index.html over every policy's store.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import re
+import time
+
+import ml_collections
+
+from rmsweb_jax.errors import UserError
+
+EVAL_DIR = "eval"
+REPORT_NAME = "eval_report"
+STAGE_EXPORTS = ("sft", "salvage")  # policies named by a stage: its HF export <workdir>/<stage>/hf
+SETTINGS_FILE = "settings.json"
+NO_CHECK = "none"
+_LABEL = re.compile(r"[A-Za-z0-9._-]+")
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyEntry:
+    """One policy to evaluate: its label (in tables and `eval.compare`), the spec collect's
+    build_policy takes, and the spec as config.eval.policies wrote it."""
+
+    label: str
+    spec: str
+    given: str
+
+    @property
+    def is_model(self) -> bool:
+        return self.spec != "teacher"
+
+
+def parse_policies(text: str, workdir: pathlib.Path) -> list[PolicyEntry]:
+    """Returns the policies of config.eval.policies, in order; raises UserError for an empty list, an
+    unknown spec, a stage named whose export is missing, or a label given twice."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise UserError("eval.policies is empty: name at least one policy, e.g. --config.eval.policies=sft,teacher "
+                        "(sft | salvage | teacher | hf:/path | flax:<model spec> | http:<base_url>#<model>)")
+    entries = []
+    for item in items:
+        label, sep, spec = item.partition("=")
+        if not sep or ":" in label:  # no label (an endpoint's URL may hold "=")
+            label, spec = "", item
+        label, spec = label.strip(), spec.strip()
+        entry = _entry(spec, label, workdir, item)
+        if not _LABEL.fullmatch(entry.label):
+            raise UserError(f"eval.policies {item!r}: label {entry.label!r} may hold only letters, digits, '.', '_' "
+                            "and '-' (give one: '<label>=<spec>')")
+        entries.append(entry)
+    seen: dict[str, str] = {}
+    for e in entries:
+        if e.label in seen:
+            raise UserError(f"eval.policies: {seen[e.label]!r} and {e.given!r} are both labelled {e.label!r}; label "
+                            f"one of them: '<label>={e.given}'")
+        seen[e.label] = e.given
+    return entries
+
+
+def _entry(spec: str, label: str, workdir: pathlib.Path, given: str) -> PolicyEntry:
+    if spec in STAGE_EXPORTS:
+        export = workdir / spec / "hf"
+        if not (export / "config.json").is_file():
+            raise UserError(f"eval.policies names {spec!r} but {export} holds no HF export (config.json): run the "
+                            f"{spec} stage in this workdir with train.export_hf=True first, or name a checkpoint "
+                            "with hf:/path")
+        return PolicyEntry(label or spec, f"flax:hf:{export}", given)
+    if spec == "teacher":
+        return PolicyEntry(label or "teacher", "teacher", given)
+    kind, _, rest = spec.partition(":")
+    if kind == "hf" and rest:
+        path = pathlib.Path(rest).expanduser()
+        if not (path / "config.json").is_file():
+            raise UserError(f"eval.policies {given!r}: {path} holds no HF checkpoint (config.json)")
+        return PolicyEntry(label or _sanitize(path.resolve().name), f"flax:hf:{path}", given)
+    if kind == "flax" and rest:
+        return PolicyEntry(label or _sanitize(rest.rstrip("/").rsplit("/", 1)[-1]), spec, given)
+    if kind == "http" and rest:
+        _, sep, model = rest.rpartition("#")
+        if not sep or not model:
+            raise UserError(f"eval.policies {given!r}: expected 'http:<base_url>#<model>', e.g. "
+                            "'http:http://127.0.0.1:8000/v1#qwen3-vl'")
+        return PolicyEntry(label or _sanitize(model), spec, given)
+    raise UserError(f"eval.policies {given!r}: unknown policy; expected one of sft, salvage, teacher, hf:/path, "
+                    "flax:<model spec> (e.g. flax:random:tiny), http:<base_url>#<model>, each optionally "
+                    "'<label>=<spec>'")
+
+
+def _sanitize(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "policy"
+
+
+def comparisons(text: str, labels: list[str]) -> list[tuple[str, str]]:
+    """Returns the (label a, label b) pairs of config.eval.compare: "" = every policy against the
+    first, else "a:b,c:d"; raises UserError naming an unknown label or a malformed pair."""
+    if not text.strip():
+        return [(labels[0], other) for other in labels[1:]]
+    pairs = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        a, sep, b = item.partition(":")
+        if not sep or not a.strip() or not b.strip() or a.strip() == b.strip():
+            raise UserError(f"eval.compare {item!r}: expected '<label a>:<label b>' of two policies, e.g. "
+                            f"'{labels[0]}:{labels[-1]}'")
+        unknown = [x for x in (a.strip(), b.strip()) if x not in labels]
+        if unknown:
+            raise UserError(f"eval.compare {item!r}: {unknown} not among the policies' labels {labels}")
+        pairs.append((a.strip(), b.strip()))
+    return pairs
+
+
+def environment(config) -> ml_collections.ConfigDict:
+    """Returns config.collect as the evaluation plays it: eval.tasks (when set) for collect.tasks,
+    no task limit beyond collect.limit, success "solved"."""
+    env = ml_collections.ConfigDict(config.collect.to_dict())
+    if config.eval.tasks:
+        env.tasks = config.eval.tasks
+    env.success = "solved"
+    return env
+
+
+def eval_tasks(env, entries: list[PolicyEntry]) -> list:
+    """Returns the evaluation's tasks (collect's loaders over env.tasks)."""
+    from rmsweb_jax.stages.collect import live_tasks, miniwob_tasks
+    if env.suite != "miniwob":
+        return live_tasks(env)
+    if not env.tasks and any(e.is_model for e in entries):
+        raise UserError("eval.tasks and collect.tasks are both empty: name the MiniWoB++ task ids to evaluate a "
+                        "model on, e.g. --config.eval.tasks=click-button,click-test")
+    if not env.tasks:
+        env = ml_collections.ConfigDict(env.to_dict())
+        env.policy = "teacher"  # "" = every task type the teacher solves (collect's rule)
+    return miniwob_tasks(env)
+
+
+def training_store(config, workdir: pathlib.Path) -> pathlib.Path | None:
+    """Returns the training store the seeds are checked against (None: eval.training_store = "none")."""
+    given = config.eval.training_store
+    if given == NO_CHECK:
+        return None
+    if given:
+        return pathlib.Path(given)
+    return pathlib.Path(config.collect.store_dir) if config.collect.store_dir else workdir / "store"
+
+
+def check_disjoint(pairs: list[tuple[str, int]], trained: set[tuple[str, int]], suite: str, source) -> None:
+    """Raises UserError naming evaluation pairs found in the training store: (task, seed) pairs for
+    MiniWoB++, task ids for the live suites (which cannot be seeded)."""
+    if suite == "miniwob":
+        seen = sorted(set(pairs) & trained)
+        if seen:
+            last = max(s for _, s in trained)
+            raise UserError(f"eval seeds overlap the training store {source}: {len(seen)} (task, seed) pairs were "
+                            f"trained on, e.g. {seen[:3]}; set eval.first_seed past the trained seeds (e.g. "
+                            f"--config.eval.first_seed={last + 1}), or eval.training_store to the store trained on")
+        return
+    seen = sorted({t for t, _ in pairs} & {t for t, _ in trained})
+    if seen:
+        raise UserError(f"eval tasks of the live {suite} suite are in the training store {source}: {len(seen)} task "
+                        f"ids, e.g. {seen[:3]} (live sites cannot be seeded apart); evaluate on other tasks "
+                        "(eval.tasks or another collect.task_list)")
+
+
+def check_training_seeds(config, workdir: pathlib.Path, pairs: list[tuple[str, int]], suite: str) -> None:
+    """Checks the evaluation pairs against the training store (see check_disjoint); prints a warning
+    when eval.training_store is "none"; raises UserError when the store is missing."""
+    from rmsweb_jax.collect.store import TrajectoryStore
+    from rmsweb_jax.collect.store_layout import STORE_FILE
+    store = training_store(config, workdir)
+    if store is None:
+        print("[eval] WARNING: eval.training_store = 'none': the evaluation seeds are NOT checked against the seeds "
+              "the policies trained on")
+        return
+    if not (store / STORE_FILE).is_file():
+        raise UserError(f"eval.training_store: no trajectory store at {store} ({STORE_FILE} missing) to check the "
+                        "evaluation seeds against; name the store the policies trained on "
+                        "(--config.eval.training_store=/path/to/store), or 'none' to skip the check")
+    with TrajectoryStore(store) as reader:
+        trained = reader.finished_task_keys()
+    check_disjoint(pairs, trained, suite, store)
+
+
+def identity(entry: PolicyEntry, policy, settings_teacher: dict) -> str:
+    """Returns the policy id "<label>@<identity>" (see the module docstring)."""
+    if entry.spec == "teacher":
+        digest = _digest(settings_teacher)
+    elif entry.spec.startswith("flax:"):
+        digest = policy.name.rpartition("@")[2]  # "flax:<folder>@<weights digest>" (checkpoint_name)
+    else:
+        digest = _digest(entry.spec)
+    return f"{entry.label}@{digest}"
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def episode_settings(config, env, entry: PolicyEntry) -> dict:
+    """Returns what, besides the policy, decides the meaning of its stored episodes."""
+    from rmsweb_jax.stages.collect import judge_spec
+    judge, endpoint = judge_spec(env)
+    out = {"suite": env.suite, "max_steps": config.eval.max_steps, "judge": judge, "judge_endpoint": endpoint,
+           "success": env.success, "episode_time_limit_s": env.episode_time_limit_s}
+    if entry.is_model:
+        out.update(max_new_tokens=config.eval.max_new_tokens, temperature=config.eval.temperature,
+                   prompt=config.prompt.to_dict())
+    return json.loads(json.dumps(out))  # tuples as lists, as they read back
+
+
+def check_settings(directory: pathlib.Path, settings: dict) -> None:
+    """Records `settings` in directory/settings.json, or raises UserError when an earlier run there
+    recorded other values (its episodes would be mixed with these)."""
+    path = directory / SETTINGS_FILE
+    if path.is_file():
+        old = json.loads(path.read_text())
+        differ = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        if differ:
+            raise UserError(f"{directory}: its episodes were played with other settings ({', '.join(differ)}: "
+                            f"then {[old.get(k) for k in differ]}, now {[settings.get(k) for k in differ]}); set them "
+                            f"back to resume there, or delete {directory} to evaluate afresh")
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings, indent=2, sort_keys=True))
+
+
+def play(env, policy, judge, store_dir: pathlib.Path, tasks: list, seeds: list[int], *, max_steps: int,
+         batch_window_s: float):
+    """Returns the CollectSummary of `policy` playing tasks x seeds, one attempt each, into the store
+    at store_dir (through RetryCollector, so exactly as the collect stage plays; pairs already in
+    the store are skipped). env is a config.collect-shaped block (workers, timeouts, suite);
+    batch_window_s how long a policy batch waits for more workers' steps."""
+    from rmsweb_jax.collect.retries import RetryCollector
+    from rmsweb_jax.collect.store import StoreWriter
+    from rmsweb_jax.collect.store_provenance import policy_provenance
+    from rmsweb_jax.stages.collect import make_suite
+    from rmsweb_jax.web.worker import WorkerConfig
+    with make_suite(env) as suite, StoreWriter(store_dir, flush_every_tasks=env.flush_every_tasks,
+                                               flush_every_s=env.flush_every_s, policy=policy.name,
+                                               provenance=policy_provenance(policy)) as store:
+        return RetryCollector(suite, policy, judge, store, attempts=1, workers=env.workers, max_steps=max_steps,
+                              worker_config=WorkerConfig(step_timeout_s=env.step_timeout_s),
+                              batch_window_s=batch_window_s, pool_max_attempts=env.pool_max_attempts,
+                              fault_reruns=env.fault_reruns, progress=env.progress).run(tasks, seeds)
+
+
+def _check_fields(ev) -> None:
+    for key in ("num_seeds", "max_steps", "max_new_tokens", "bootstrap_samples"):
+        if isinstance(ev[key], bool) or not isinstance(ev[key], int) or ev[key] < 1:
+            raise UserError(f"eval.{key} must be an int >= 1, got {ev[key]!r}")
+    if isinstance(ev.first_seed, bool) or not isinstance(ev.first_seed, int) or ev.first_seed < 0:
+        raise UserError(f"eval.first_seed must be an int >= 0, got {ev.first_seed!r}")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _ci(interval) -> str:
+    return f"{100 * interval[0]:.1f}-{100 * interval[1]:.1f}%"
+
+
+def run(config, workdir: pathlib.Path) -> dict:
+    """Plays every policy of config.eval on the evaluation tasks x seeds and writes
+    workdir/eval/{eval_report.*, training_curves.png, viewer/}; returns the report, with "seconds": the
+    wall time of playing, of the report (and plots) and of the viewer."""
+    from rmsweb_jax.evaluate import report as eval_report
+    from rmsweb_jax.stages.collect import PolicySettings, build_policy, make_judge
+    ev = config.eval
+    workdir = pathlib.Path(workdir)
+    out_dir = workdir / EVAL_DIR
+    _check_fields(ev)
+    # Every mistake a user can make is caught here, before a browser starts or a model loads.
+    entries = parse_policies(ev.policies, workdir)
+    compare = comparisons(ev.compare, [e.label for e in entries])
+    env = environment(config)
+    judge = make_judge(env)
+    tasks = eval_tasks(env, entries)
+    seeds = list(range(ev.first_seed, ev.first_seed + ev.num_seeds))
+    pairs = [(t.id, s) for t in tasks for s in seeds]
+    check_training_seeds(config, workdir, pairs, env.suite)
+    settings = PolicySettings(suite=env.suite, max_batch=env.workers, max_new_tokens=ev.max_new_tokens,
+                              temperature=ev.temperature, teacher=dict(env.teacher.to_dict()),
+                              api_key_env=env.api_key_env, key="eval.policies")
+    if env.suite != "miniwob" and any(e.spec == "teacher" for e in entries):
+        build_policy("teacher", settings, config=config, workdir=workdir, task_ids=[])  # raises: MiniWoB++ only
+    if env.suite != "miniwob" and len(seeds) > 1:
+        print(f"[eval] live sites cannot be seeded: each of the {len(seeds)} seeds is one more independent run")
+    print(f"[eval] {len(entries)} policies x {len(tasks)} tasks x seeds {seeds[0]}..{seeds[-1]}, one attempt, "
+          f"max {ev.max_steps} steps, {env.workers} workers, judge {judge.name}, success solved; in {out_dir}")
+
+    policies, seconds = [], {"play": 0.0, "report": 0.0, "viewer": 0.0}
+    started = time.perf_counter()
+    for entry in entries:
+        policy = build_policy(entry.spec, settings, config=config, workdir=workdir, task_ids=[t.id for t in tasks])
+        try:
+            policy_id = identity(entry, policy, settings.teacher)
+            directory = out_dir / policy_id
+            check_settings(directory, episode_settings(config, env, entry))
+            if entry.spec == "teacher":
+                print("[eval] teacher: the ScriptedTeacher with collect.teacher's mistakes (a reference row, no "
+                      "result)")
+            # The scripted teacher answers each step alone: a batch window would only delay it (~10% of
+            # the wall time at collect.batch_window_s = 20 ms, bench/eval_throughput.py).
+            window = env.batch_window_s if entry.is_model else 0.0
+            summary = play(env, policy, judge, directory / "store", tasks, seeds, max_steps=ev.max_steps,
+                           batch_window_s=window)
+        finally:
+            policy.close()
+        policies.append({"id": policy_id, "label": entry.label, "store_dir": str(directory / "store")})
+        overall = eval_report.policy_figures(directory / "store", set(pairs), bootstrap_samples=ev.bootstrap_samples,
+                                             seed=ev.bootstrap_seed)["overall"]
+        print(f"[eval] {policy_id}: {overall['solved']}/{overall['episodes']} solved = {_pct(overall['success'])} "
+              f"(95% CI Wilson {_ci(overall['ci95'])}, task-clustered bootstrap {_ci(overall['ci95_bootstrap'])}); "
+              f"this run played {summary.collected} task groups, {summary.skipped} were stored already, "
+              f"{summary.wall_s:.1f} s")
+
+    seconds["play"] = time.perf_counter() - started
+    started = time.perf_counter()
+    labels = {p["label"]: p["id"] for p in policies}
+    report = eval_report.build_report(policies, set(pairs), compare, bootstrap_samples=ev.bootstrap_samples,
+                                      seed=ev.bootstrap_seed)
+    eval_report.write_report(report, out_dir, name=REPORT_NAME)
+    for c in report["comparisons"]:
+        head = f"[eval] {labels[c['a']]} vs {labels[c['b']]} on {c['n']} shared pairs"
+        if not c["n"]:
+            print(f"{head}: nothing to compare")
+            continue
+        print(f"{head}: {_pct(c['success_a'])} vs {_pct(c['success_b'])}, difference {100 * c['difference']:+.1f} "
+              f"points (paired bootstrap 95% CI {100 * c['ci95'][0]:+.1f} to {100 * c['ci95'][1]:+.1f}), McNemar "
+              f"exact p = {c['mcnemar']['p']:.3g}")
+    curves = _training_curves(workdir, out_dir)
+    seconds["report"] = time.perf_counter() - started
+    started = time.perf_counter()
+    if ev.viewer:
+        from rmsweb_jax.evaluate.viewer import write_viewer
+        index = write_viewer([p["store_dir"] for p in policies], out_dir / "viewer",
+                             labels=[p["label"] for p in policies])
+        print(f"[eval] trajectory viewer: {index}")
+    seconds["viewer"] = time.perf_counter() - started
+    print(f"[eval] report {out_dir / (REPORT_NAME + '.md')}" + (f"; training curves {curves}" if curves else ""))
+    return {**report, "seconds": {k: round(v, 3) for k, v in seconds.items()}}
+
+
+def _training_curves(workdir: pathlib.Path, out_dir: pathlib.Path) -> pathlib.Path | None:
+    """Writes out_dir/training_curves.png from the sft / salvage TensorBoard logs present; returns its path."""
+    logs = {stage: workdir / stage / "tensorboard" for stage in STAGE_EXPORTS
+            if (workdir / stage / "tensorboard").is_dir()}
+    if not logs:
+        return None
+    from rmsweb_jax.evaluate.plots import training_curves_png  # the event reader imports tensorboardX (~1 s)
+    from rmsweb_jax.evaluate.tb_events import read_scalars
+    curves = {stage: c for stage, c in ((stage, read_scalars(log)) for stage, log in logs.items()) if c}
+    if not curves:
+        return None
+    path = out_dir / "training_curves.png"
+    training_curves_png(curves, path)
+    return path

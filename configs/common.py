@@ -9,6 +9,8 @@ def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.stages = ("model",)
     c.seed = 0
+    c.rerun = ""                          # stages run even when their manifests say up to date: "all" | "mine,salvage"
+    c.ablations = False                   # stage "table": also the Salvage-DS ablation rows (one piece switched each)
 
     c.model = ml_collections.ConfigDict()
     c.model.init = "random:tiny"          # 'hf:/path/to/Qwen3-VL-8B-Instruct' or 'random:tiny'
@@ -56,7 +58,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.collect.first_seed = 0
     c.collect.num_seeds = 2               # seeds first_seed .. first_seed + num_seeds - 1 per task (live sites
                                           # cannot be seeded: there each seed is one more independent run)
-    c.collect.attempts = 3                # K: attempt 1 + up to K-1 reflection-conditioned retries
+    c.collect.attempts = 3                # K: attempt 1 + up to K-1 retries (collect.retry_mode)
+    c.collect.retry_mode = "reflection"   # reflection: retries see the policy's reflections | plain: no reflection
+                                          # (no reflect() call), the policy's randomness re-drawn per attempt (a
+                                          # greedy model repeats itself); one store holds one mode
     c.collect.workers = 2                 # browser workers (and the policy's batch size)
     c.collect.max_steps = 15              # click-checkboxes-large needs up to 12 moves; live tasks want ~30
     c.collect.episode_time_limit_s = 0.0  # MiniWoB++'s in-page time limit; 0 = none
@@ -154,6 +159,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.seed = 0                       # shuffle seed; every epoch is reshuffled
     c.data.held_out_fraction = 0.0        # task groups (task id, seed) held out for action_accuracy
     c.data.split_seed = 0
+    c.data.attempts = "all"               # successful attempts trained on: all | first (solved on attempt 1 only: what
+                                          # a collector without retries would have kept); split.json records it
     c.data.worker_count = 0               # Grain worker processes (0 = in the training process)
     c.data.worker_buffer_size = 2         # batches each worker keeps ready
     c.data.read_threads = 1               # threads encoding examples in each process

@@ -2,7 +2,10 @@
 
 Runs the stages named in `config.stages`, in order. Any config field can be overridden on the
 command line (`--config.model.init=hf:/ckpt --config.stages=collect,sft`). Stages talk to each other
-only through files in the workdir, so each can be rerun or resumed alone.
+only through files in the workdir, so each can be rerun or resumed alone. Each completed stage leaves
+a manifest (<workdir>/manifests/<stage>.json: the config fields it read, its inputs' manifests, its
+outputs); a stage that is up to date is skipped, one whose inputs or fields changed reruns, and so
+do the stages after it (rmsweb_jax/stages/manifest.py; `--config.rerun=mine,salvage` or `all` forces).
 
 A user's mistake (an unknown stage or override key, a bad value, a missing checkpoint or store:
 rmsweb_jax.errors.UserError) prints one line naming the value and what would work, and exits with
@@ -10,34 +13,29 @@ status 2; --verbosity=1 or RMSWEB_TRACEBACK=1 shows the traceback instead.
 """
 from __future__ import annotations
 
-import importlib
-import json
 import os
 import pathlib
 import sys
-import time
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from rmsweb_jax.errors import UserError
+# STAGES: stage name -> its module of rmsweb_jax.stages (the registry lives beside the runner, which the
+# `table` stage also runs on its variants' sub-workdirs).
+from rmsweb_jax.stages.pipeline import STAGES, run_pipeline, stage_module, stage_names  # noqa: F401
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:arg]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for this run's outputs (created if missing).")
 flags.mark_flags_as_required(["config", "workdir"])
 
-# Stage name -> the module of rmsweb_jax.stages whose run(config, workdir) runs it, imported when needed
-# (so that --help and a misspelt stage name answer at once).
-STAGES = {"model": "model_smoke", "collect": "collect", "train_smoke": "train_smoke", "sft": "sft",
-          "action_accuracy": "action_accuracy", "mine": "mine",
-          "salvage": "salvage", "eval": "eval"}
 USAGE_ERROR = 2  # exit status of a user error, as argparse and absl's usage errors use
 TRACEBACK_ENV = "RMSWEB_TRACEBACK"
 
 
 def stage_run(name: str):
     """Returns the run(config, workdir) of stage `name`, importing its module."""
-    return importlib.import_module(f"rmsweb_jax.stages.{STAGES[name]}").run
+    return stage_module(name).run
 
 
 def stage_table():
@@ -45,40 +43,11 @@ def stage_table():
     return {name: stage_run(name) for name in STAGES}
 
 
-def stage_names(stages) -> list[str]:
-    """Returns config.stages as a list of known stage names, or raises UserError naming the unknown ones.
-
-    Takes a tuple of names or comma-separated strings: `--config.stages=collect,sft` reaches the
-    config as the one-element tuple ('collect,sft',), `--config.stages="('collect','sft')"` as two.
-    """
-    parts = [stages] if isinstance(stages, str) else list(stages)
-    names = [name.strip() for part in parts for name in str(part).split(",") if name.strip()]
-    unknown = [name for name in names if name not in STAGES]
-    if unknown or not names:
-        what = f"names unknown stage(s) {unknown}" if unknown else "names no stage"
-        raise UserError(f"config.stages = {stages!r} {what}; known stages: {sorted(STAGES)} "
-                        "(e.g. --config.stages=collect,sft)")
-    return names
-
-
 def run_stages(config, workdir: str | pathlib.Path) -> None:
-    """Runs config.stages in order, recording each stage's wall time in workdir/stages.json."""
-    stages = stage_names(config.stages)  # before anything is created or imported
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    import jax
-    writer = jax.process_index() == 0  # on a pod slice every host runs this; one writes the records
-    if writer:
-        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-    record = []
-    for name in stages:
-        logging.info("stage %s: starting (workdir %s)", name, workdir)
-        start = time.time()
-        stage_run(name)(config, workdir)
-        record.append({"stage": name, "seconds": round(time.time() - start, 2)})
-        logging.info("stage %s: done in %.1f s", name, record[-1]["seconds"])
-        if writer:
-            (workdir / "stages.json").write_text(json.dumps(record, indent=2))
+    """Runs config.stages in order, each unless its manifest says it is up to date (rmsweb_jax/stages/
+    manifest.py; config.rerun forces some), printing why it runs or is skipped; records each stage's
+    wall time and decision in workdir/stages.json (rmsweb_jax/stages/pipeline.py run_pipeline)."""
+    run_pipeline(config, workdir)
 
 
 def main(argv) -> None:

@@ -31,7 +31,12 @@ class StepContext:
     `history` holds the earlier steps of this attempt (oldest first); `reflections` the
     reflections written after earlier failed attempts of the same task (empty on attempt 1
     and always empty in training data). `key` identifies the episode and step for policies
-    that keep per-episode state (the scripted teacher): "<request id>/<step>".
+    that keep per-episode state (the scripted teacher): "<request id>/<step>". `draw` numbers
+    the draws of a policy's own randomness for this task and seed: 1 on attempt 1 and on every
+    reflection-conditioned retry (the same run, changed only by what the reflections say), the
+    attempt number on a plain retry (collect.retry_mode "plain": a fresh draw). The scripted
+    teacher keys its injected mistakes on it; model policies sample afresh on every call whatever
+    the draw (so at temperature 0 a plain retry repeats itself).
     """
 
     task_id: str
@@ -42,6 +47,7 @@ class StepContext:
     attempt: int = 1
     step: int = 0
     key: str = ""
+    draw: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

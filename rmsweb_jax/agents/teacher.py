@@ -17,15 +17,19 @@ On a task without a solver it does not raise: it answers at once with a thought 
 (MiniWoB scores that as a failure) and counts it in stats()["unsupported"]; pass `tasks=` to the
 constructor to have unsupported tasks rejected up front instead.
 
-Injected mistakes (MistakeConfig) are drawn per (task id, episode seed, step) — never per
-attempt — so a retry repeats attempt 1's mistakes unless a reflection in its context names the
-step and kind ("Step 2 (wrong element): ..."). The teacher's own reflect() writes exactly such
-text, so a retry with reflections avoids them and drops the detours they name. (Retried
-successes are not shorter on average than first-attempt ones: the tasks that fail first are the
-longer ones, and early stops end failed attempts early.)
+Injected mistakes (MistakeConfig) are drawn per (task id, episode seed, draw, step), where the
+draw is StepContext.draw: 1 on attempt 1 and on every reflection-conditioned retry, so such a
+retry repeats attempt 1's mistakes unless a reflection in its context names the step and kind
+("Step 2 (wrong element): ..."). The teacher's own reflect() writes exactly such text, so a
+retry with reflections avoids them and drops the detours they name. A plain retry (no
+reflection, collect.retry_mode "plain") comes with draw = its attempt number: fresh mistakes,
+as a sampling policy would make them, and otherwise the same behaviour as any attempt without
+reflections. (Retried successes are not shorter on average than first-attempt ones: the tasks
+that fail first are the longer ones, and early stops end failed attempts early.)
 Episode identity comes from StepContext.key, "<request id>/<step>", with request ids like
-"<task id>#<seed>@<attempt>": the mistake draw uses the part before "@", the per-episode memory
-the whole request id. `step` is StepContext.step, 0-based; reflections number steps from 1.
+"<task id>#<seed>@<attempt>": the mistake draw uses the part before "@" (with "~<draw>" added
+for a draw > 1), the per-episode memory the whole request id. `step` is StepContext.step,
+0-based; reflections number steps from 1.
 Every turn that is an injected mistake carries its kind as PolicyOutput.label, which the
 collector stores as StepRecord.label (mining skips labelled detours as references); planned
 moves and the teacher's other answers (done, unsupported, lost track) carry None.
@@ -267,7 +271,8 @@ class ScriptedTeacher:
 
     def _start(self, request_id: str, episode: str, ctx: StepContext) -> _Run:
         plan = solvers.plan(ctx.task_id, ctx.instruction, ctx.observation)
-        run = _Run(ctx.task_id, episode, plan)
+        # Draw 1 keeps the key of every attempt before draws existed, so stored runs replay exactly.
+        run = _Run(ctx.task_id, episode if ctx.draw == 1 else f"{episode}~{ctx.draw}", plan)
         self._runs[request_id] = run
         while len(self._runs) > self.memory_size:
             self._runs.popitem(last=False)

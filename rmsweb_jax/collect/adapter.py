@@ -21,11 +21,12 @@ from rmsweb_jax.web.episode import History
 
 @dataclasses.dataclass(frozen=True)
 class AttemptSpec:
-    """What the bridge adds to a pool request: the retry attempt (1..K) and the reflections in
-    the policy's context for it."""
+    """What the bridge adds to a pool request: the retry attempt (1..K), the reflections in
+    the policy's context for it, and the draw of the policy's randomness (StepContext.draw)."""
 
     attempt: int = 1
     reflections: tuple[str, ...] = ()
+    draw: int = 1
 
 
 def split_turn(output: PolicyOutput) -> tuple[str, str]:
@@ -99,7 +100,7 @@ class PolicyBridge:
         task = history.request.task
         return StepContext(task_id=str(getattr(task, "id", task)), instruction=history.instruction,
                            observation=history.observation, history=tuple(past), reflections=spec.reflections,
-                           attempt=spec.attempt, step=step, key=f"{request_id}/{step}")
+                           attempt=spec.attempt, step=step, key=f"{request_id}/{step}", draw=spec.draw)
 
     async def __call__(self, history: History) -> Action:
         context = self.context(history)

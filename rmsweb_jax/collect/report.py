@@ -5,6 +5,8 @@ Figures (a "group" is every attempt of one task with one seed):
 - yield gain: success@<=K - success@1 (and the ratio).
 - mean steps of solved attempts: first-attempt successes vs retried successes (and, for the
   retried groups, the steps of their failed first attempt).
+- retry mode: how failed attempts were retried (collect.retry_mode, from store.json): with
+  reflections in context ("reflection") or without ("plain"); None when the store records none.
 - success rule: the rule (config.collect.success) the programmatic verdicts were made under;
   the report checks every stored programmatic verdict against it.
 - raw reward: the suite's own reward beside the verdict (mean, partial rewards), per task too.
@@ -22,7 +24,7 @@ from typing import Any, Iterable
 from PIL import Image, ImageDraw
 
 from rmsweb_jax.collect.records import FAULT_JUDGE, TrajectoryRecord
-from rmsweb_jax.collect.store import StoreError, TrajectoryStore
+from rmsweb_jax.collect.store import RETRY_MODE_MEANINGS, StoreError, TrajectoryStore
 from rmsweb_jax.suites.success_rule import SUCCESS_RULES, check_success_rule, counts_as_success, is_solved
 
 PROGRAMMATIC = "programmatic"  # Verdict.judge of the reward-reading judge (judges/programmatic.py)
@@ -103,6 +105,7 @@ def compute_report(store: TrajectoryStore, attempts: int | None = None, *, succe
     success_1, success_k = cumulative[0], cumulative[-1]
     judged = [t for t in trajectories if t.verdict.judge != FAULT_JUDGE]
     return {
+        "retry_mode": store.retry_mode,
         "success_rule": success_rule,
         "success_rule_meaning": SUCCESS_RULES[success_rule],
         "tasks": n,
@@ -172,6 +175,12 @@ def _num(value: float | None) -> str:
     return "—" if value is None else f"{value:g}"
 
 
+def _retry_mode(mode: str | None) -> str:
+    if mode is None:
+        return "not recorded (a store from before collect.retry_mode: reflection-conditioned retries)"
+    return f"{mode} ({RETRY_MODE_MEANINGS[mode]})"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """Returns the report as markdown (summary table, success by attempt budget, per task)."""
     k = report["attempts_k"]
@@ -181,6 +190,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"Store `{report.get('store', '')}`: {report['tasks']} task groups, {report['trajectories']} attempts, "
         f"{report['steps']} steps. Policy: {', '.join(policy['names'])}; judge: {', '.join(judge['names']) or '—'}.",
         "", "| figure | value |", "|---|---|",
+        f"| retry mode | {_retry_mode(report['retry_mode'])} |",
         f"| success rule | {report['success_rule']} ({report['success_rule_meaning']}) |",
         f"| success@1 | {_pct(report['success_at_1'])} ({report['solved_first']}/{report['tasks']}) |",
         f"| success@≤{k} | {_pct(report['success_at_le_K'])} ({report['solved']}/{report['tasks']}) |",

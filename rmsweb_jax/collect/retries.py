@@ -6,6 +6,16 @@ model's through its endpoint) and the next attempt runs with every reflection so
 attempt is recorded. A task group (all its attempts) goes to the store when it is solved or
 out of attempts, so a killed run loses only unfinished groups and a rerun skips finished ones.
 
+retry_mode "plain" is the baseline without reflection: a failed attempt is retried with no
+reflection in context and no reflect() call (no reflection cost), as a fresh draw of the
+policy's randomness (StepContext.draw = the attempt number), so a retry is not the same run
+again. For the ScriptedTeacher the draw picks its injected mistakes; a model policy samples
+afresh on every call in both modes (FlaxPolicy: a new sampling seed per call; an endpoint: its
+own sampling), so what a plain retry re-draws is its sampling, governed by collect.temperature:
+at temperature 0 (greedy) a plain retry repeats attempt 1 step for step, page seed included. A
+store holds one retry mode (recorded in store.json; another is refused), because success@<=K
+and the retried trajectories mean something else under each.
+
 Many groups are in flight at once: N browser workers take attempts from one queue (retries
 before new tasks, so open groups close soon), while judging and reflecting run beside them.
 
@@ -42,7 +52,7 @@ from tqdm import tqdm
 from rmsweb_jax.agents.policy import Policy, PolicyOutput, ReflectionRequest
 from rmsweb_jax.collect.adapter import AttemptSpec, PolicyBridge, split_turn
 from rmsweb_jax.collect.records import FAULT_JUDGE, StepRecord, TrajectoryRecord, request_id, task_key
-from rmsweb_jax.collect.store import StoreWriter, check_policy
+from rmsweb_jax.collect.store import PLAIN, RETRY_MODES, StoreWriter, check_policy
 from rmsweb_jax.judges.base import ERROR, Judge, JudgeInput, Verdict
 from rmsweb_jax.web.episode import Episode, EpisodeRequest
 from rmsweb_jax.web.pool import AsyncWorkerPool
@@ -94,7 +104,8 @@ class _Group:
 
 
 class RetryCollector:
-    """Collects trajectories with reflection-conditioned retries into a StoreWriter.
+    """Collects trajectories with reflection-conditioned (or, retry_mode "plain", reflection-free)
+    retries into a StoreWriter.
 
         with StoreWriter(workdir / "store") as store:
             summary = RetryCollector(suite, policy, judge, store, attempts=3, workers=2).run(tasks, seeds)
@@ -103,7 +114,9 @@ class RetryCollector:
     def __init__(self, suite: Suite, policy: Policy, judge: Judge, store: StoreWriter, *, attempts: int = 3,
                  workers: int = 2, max_steps: int = 15, worker_config: WorkerConfig | None = None,
                  batch_window_s: float = 0.02, fallback_wait_s: float = 0.0, pool_max_attempts: int = 3,
-                 fault_reruns: int = 1, progress: bool = True):
+                 fault_reruns: int = 1, progress: bool = True, retry_mode: str = "reflection"):
+        if retry_mode not in RETRY_MODES:
+            raise ValueError(f"retry_mode must be one of {list(RETRY_MODES)}, got {retry_mode!r}")
         if attempts < 1:
             raise ValueError(f"attempts (K) must be >= 1, got {attempts!r}")
         if workers < 1:
@@ -113,6 +126,8 @@ class RetryCollector:
         if fault_reruns < 0:
             raise ValueError(f"fault_reruns must be >= 0, got {fault_reruns!r}")
         check_policy(store.directory, store.meta, policy.name)  # one store, one policy (see store.py)
+        store.claim_retry_mode(retry_mode)  # one store, one retry mode; raises StoreError for another
+        self.retry_mode = retry_mode
         self.suite, self.policy, self.judge, self.store = suite, policy, judge, store
         self.attempts, self.workers, self.max_steps = attempts, workers, max_steps
         self.worker_config = worker_config
@@ -191,7 +206,10 @@ class RetryCollector:
                 return
             attempt = group.next_attempt
             rid = request_id(_task_id(group.task), group.seed, attempt)
-            self.bridge.begin(rid, AttemptSpec(attempt=attempt, reflections=group.reflections))
+            # A plain retry is a fresh draw of the policy's randomness; a reflection retry is attempt
+            # 1's run again, changed only by its reflections (see the module docstring).
+            draw = attempt if self.retry_mode == PLAIN else 1
+            self.bridge.begin(rid, AttemptSpec(attempt=attempt, reflections=group.reflections, draw=draw))
             request = EpisodeRequest(task=group.task, seed=group.seed, max_steps=self.max_steps, request_id=rid)
             try:
                 episode = await pool.run_episode(slot, request, self.bridge)
@@ -243,6 +261,9 @@ class RetryCollector:
             if self._open == 0:
                 for _ in range(self.workers):
                     queue.put_nowait((_STOP, 0, next(counter), None))
+            return
+        if self.retry_mode == PLAIN:
+            queue.put_nowait((_RETRY, group.order, next(counter), group))
             return
         reflection = await self.bridge.reflect(ReflectionRequest(
             task_id=_task_id(group.task), instruction=episode.instruction, attempt=attempt, steps=past,

@@ -4,9 +4,11 @@
     ds = grain.MapDataset.source(source).seed(0).shuffle().map(to_tokens)   # to_tokens(SFTExample)
 
 Each item is an SFTExample: one step of a successful attempt with the earlier steps of that
-attempt as history and the policy's turn as target. Reflections are never part of an example:
-the retry that solved the task had them in context, the training example does not (RMSWeb's
-"training data stays reflection-free"). Steps whose turn did not parse are not targets (they
+attempt as history and the policy's turn as target. `attempts` picks the successful attempts:
+"all" of them, or "first": only those solved on attempt 1, the data a collector without retries
+would have kept (config.data.attempts; its task groups are then the groups solved on attempt 1).
+Reflections are never part of an example: the retry that solved the task had them in context,
+the training example does not (RMSWeb's "training data stays reflection-free"). Steps whose turn did not parse are not targets (they
 stay in later steps' history, as the policy saw them).
 
 The view is picklable (it carries an ArrayRecordDataSource and two index arrays; shard readers
@@ -25,6 +27,9 @@ from grain.python import ArrayRecordDataSource
 from rmsweb_jax.agents.policy import PastStep, StepContext
 from rmsweb_jax.collect.records import StepRecord
 from rmsweb_jax.collect.store import StoreError, TrajectoryStore
+
+# Which successful attempts are examples (config.data.attempts).
+ATTEMPT_CHOICES = {"all": "every successful attempt", "first": "attempts solved on attempt 1"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,14 +72,19 @@ class SFTExample:
 
 
 class SFTView:
-    """The steps of the successful trajectories of a store, as `len()` + `[i]` (SFTExample).
+    """The steps of the successful trajectories of a store, as `len()` + `[i]` (SFTExample);
+    with attempts="first" only those of attempt 1.
 
     Raises StoreError naming the folder when it holds no store, no trajectories, or no
-    successful step.
+    successful step (of attempt 1, for "first"); ValueError for another `attempts`.
     """
 
-    def __init__(self, store_dir: str | os.PathLike):
+    def __init__(self, store_dir: str | os.PathLike, *, attempts: str = "all"):
+        if attempts not in ATTEMPT_CHOICES:
+            raise ValueError(f"SFTView attempts={attempts!r}: expected one of {list(ATTEMPT_CHOICES)} (config.data."
+                             f"attempts: {', '.join(f'{k} = {v}' for k, v in ATTEMPT_CHOICES.items())})")
         self.store_dir = pathlib.Path(store_dir)
+        self.attempts = attempts
         store = TrajectoryStore(self.store_dir)
         try:
             shards = store.step_shards()
@@ -85,10 +95,13 @@ class SFTView:
                 total += _num_records(p)
             current, first, group_of = [], [], []
             groups: dict[tuple[str, int], int] = {}
-            n_traj = n_success = 0
+            n_traj = n_success = n_later = 0
             for traj in store.trajectories():
                 n_traj += 1
                 if not traj.success or traj.num_steps == 0:
+                    continue
+                if attempts == "first" and traj.attempt != 1:
+                    n_later += 1  # solved only on a retry: not what a collector without retries keeps
                     continue
                 n_success += 1
                 base = offsets[traj.steps_shard] + traj.steps_start
@@ -106,8 +119,9 @@ class SFTView:
         if n_traj == 0:
             raise StoreError(f"the trajectory store at {self.store_dir} holds no trajectories")
         if not current:
+            later = f" ({n_later} more solved on a retry, left out by attempts='first')" if n_later else ""
             raise StoreError(f"the trajectory store at {self.store_dir} holds {n_traj} trajectories, "
-                             f"{n_success} successful, but no successful step to train on")
+                             f"{n_success} successful{later}, but no successful step to train on")
         self._source = ArrayRecordDataSource([str(p) for p in shards])
         self._current = np.asarray(current, dtype=np.int64)
         self._first = np.asarray(first, dtype=np.int64)
@@ -139,7 +153,9 @@ class SFTView:
                           instruction=step.instruction, history=tuple(r.past_step() for r in records[:-1]), step=step)
 
     def __repr__(self) -> str:
-        return f"SFTView({str(self.store_dir)!r}: {len(self)} steps of {self.num_trajectories} successful trajectories)"
+        which = "" if self.attempts == "all" else f", attempts={self.attempts!r}"
+        return (f"SFTView({str(self.store_dir)!r}{which}: {len(self)} steps of {self.num_trajectories} successful "
+                "trajectories)")
 
 
 def _num_records(path: pathlib.Path) -> int:

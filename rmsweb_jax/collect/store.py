@@ -18,7 +18,9 @@ A record that fails its checksum when read is a StoreError naming its shard.
 store.json also records the policy collecting into the store (a writer for another policy is
 refused: one store, one policy, so reports and SFT know whose trajectories they read) and the
 provenance of the steps (prompt settings, tokenizer and image-processor hashes, see
-store_provenance.py), which a reader rebuilding prompts compares with its own.
+store_provenance.py), which a reader rebuilding prompts compares with its own, and the retry
+mode its groups were collected under (collect.retry_mode; a collector of the other mode is
+refused: one store, one meaning of "retried").
 
 Shards are written with group_size 1, so Grain's ArrayRecordDataSource reads any record
 directly (see sft_view.SFTView for the training view).
@@ -47,6 +49,12 @@ WRITER_OPTIONS = "group_size:1,zstd:3"
 VERIFY = ("quick", "full")
 
 Attempt = tuple[TrajectoryRecord, Sequence[StepRecord]]
+
+# collect.retry_mode (see retries.py). A store that records none was collected before the setting
+# existed, when every retry was reflection-conditioned.
+REFLECTION, PLAIN = "reflection", "plain"
+RETRY_MODES = (REFLECTION, PLAIN)
+RETRY_MODE_MEANINGS = {REFLECTION: "retries conditioned on reflections", PLAIN: "retries without reflections"}
 
 
 class TrajectoryStore:
@@ -82,6 +90,11 @@ class TrajectoryStore:
     def provenance(self) -> dict[str, Any] | None:
         """Returns what the steps were produced with (store_provenance.provenance), None if not recorded."""
         return self.meta.get("provenance")
+
+    @property
+    def retry_mode(self) -> str | None:
+        """Returns the retry mode the store's groups were collected under (RETRY_MODES; None: not recorded)."""
+        return self.meta.get("retry_mode")
 
     def check_provenance(self, expected: dict[str, Any]) -> list[str]:
         """Returns the provenance keys where `expected` (how a reader rebuilds the prompts) differs
@@ -241,6 +254,15 @@ class StoreWriter(TrajectoryStore):
             _write_json(self.directory / STORE_FILE, meta)
             self.meta = meta
 
+    def claim_retry_mode(self, mode: str) -> None:
+        """Records `mode` as the store's retry mode (store.json) unless it is recorded already;
+        raises StoreError when the store's groups were collected under another (check_retry_mode)."""
+        check_retry_mode(self.directory, self.meta, mode, has_groups=bool(self.finished_task_keys()))
+        if self.meta.get("retry_mode") != mode:
+            meta = {**self.meta, "retry_mode": mode}
+            _write_json(self.directory / STORE_FILE, meta)
+            self.meta = meta
+
     def finished_task_keys(self) -> set[tuple[str, int]]:
         """Returns the (task id, seed) of every committed or buffered task group."""
         return self._committed | {group[0][0].key for group in self._buffer}
@@ -314,6 +336,23 @@ def check_policy(directory: pathlib.Path, meta: dict[str, Any], policy: str | No
         raise StoreError(f"the trajectory store at {directory} holds the trajectories of policy {recorded!r}; this "
                          f"run's policy is {policy!r}: one store holds one policy's trajectories (reports and SFT "
                          f"read them as one). Collect into another store (collect.store_dir), or with {recorded!r}")
+
+
+def check_retry_mode(directory: pathlib.Path, meta: dict[str, Any], mode: str, *, has_groups: bool) -> None:
+    """Raises StoreError when the store at `directory` (store.json `meta`; `has_groups`: it holds
+    task groups) was collected under another retry mode than `mode`, or `mode` is not one."""
+    if mode not in RETRY_MODES:
+        raise ValueError(f"retry mode {mode!r}: expected one of {list(RETRY_MODES)}")
+    recorded = meta.get("retry_mode")
+    how = "store.json records it"
+    if recorded is None and has_groups:
+        recorded, how = REFLECTION, "store.json records no mode: it was collected before collect.retry_mode existed"
+    if recorded is not None and recorded != mode:
+        raise StoreError(f"the trajectory store at {directory} was collected with collect.retry_mode={recorded!r} "
+                         f"({RETRY_MODE_MEANINGS[recorded]}; {how}); this run's collect.retry_mode is {mode!r} "
+                         f"({RETRY_MODE_MEANINGS[mode]}): one store holds one retry mode (its success@<=K and its "
+                         f"retried trajectories mean one thing). Collect into another store (collect.store_dir), "
+                         f"or set collect.retry_mode={recorded!r} to continue this one")
 
 
 def _remove_orphans(directory: pathlib.Path) -> list[str]:

@@ -35,7 +35,7 @@ import numpy as np
 from absl import flags, logging
 
 from rmsweb_jax.agents.prompt import PromptBuilder, PromptConfig
-from rmsweb_jax.collect.sft_view import SFTExample, SFTView
+from rmsweb_jax.collect.sft_view import ATTEMPT_CHOICES, SFTExample, SFTView
 from rmsweb_jax.collect.store_provenance import check_provenance, provenance
 from rmsweb_jax.data.batching import BATCHING_MODES, TOO_LONG_MODES, Buckets, batch_dataset
 from rmsweb_jax.processing.chat import MASK_MODES, encode_for_training
@@ -44,9 +44,11 @@ from rmsweb_jax.processing.image import ImageProcessorConfig
 
 @dataclasses.dataclass(frozen=True)
 class SFTDataConfig:
-    """config.data, validated: where the store is, the loss mask, batch shapes, order, workers."""
+    """config.data, validated: where the store is, which successful attempts, the loss mask, batch
+    shapes, order, workers."""
 
     store_dir: str
+    attempts: str = "all"
     mask: str = "thought_and_action"
     batching: str = "bucket"
     buckets: tuple[int, ...] = (2048, 4096, 8192)
@@ -61,7 +63,8 @@ class SFTDataConfig:
     read_buffer_size: int = 8
 
     def __post_init__(self):
-        for name, allowed in (("mask", MASK_MODES), ("batching", BATCHING_MODES), ("too_long", TOO_LONG_MODES)):
+        for name, allowed in (("attempts", tuple(ATTEMPT_CHOICES)), ("mask", MASK_MODES),
+                              ("batching", BATCHING_MODES), ("too_long", TOO_LONG_MODES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"config.data.{name} = {getattr(self, name)!r}; expected one of {list(allowed)}")
         if not 0.0 <= self.held_out_fraction < 1.0:
@@ -86,6 +89,10 @@ class SFTDataConfig:
             raise ValueError(f"config.data has unknown key(s) {unknown}; known: {sorted(names)}")
         d["store_dir"] = str(d.get("store_dir") or pathlib.Path(workdir) / "store")
         return cls(**d)
+
+    def view(self) -> SFTView:
+        """Returns the SFT view of store_dir: the steps of the successful attempts `attempts` picks."""
+        return SFTView(self.store_dir, attempts=self.attempts)
 
     def bucket_spec(self, image_config: ImageProcessorConfig) -> Buckets:
         """Returns the batch shapes for a model whose patches are `image_config`'s."""

@@ -50,7 +50,8 @@ def _check_fraction(value, where: str) -> float:
     return value
 
 
-def success_by_task_png(rows: Mapping[str, Mapping[str, Mapping]], path: str | os.PathLike) -> pathlib.Path:
+def success_by_task_png(rows: Mapping[str, Mapping[str, Mapping]], path: str | os.PathLike, *,
+                        title: str = "success by task (%), whiskers: 95% interval") -> pathlib.Path:
     """Returns `path`, where a grouped bar chart is written: per task (x axis), one bar per policy (its
     own colour, legend above) at its success rate, with a whisker over its interval; y axis 0-100%.
 
@@ -80,7 +81,7 @@ def success_by_task_png(rows: Mapping[str, Mapping[str, Mapping]], path: str | o
     def y_of(fraction: float) -> float:
         return y1 - plot_h * fraction
 
-    draw.text((x0, 8), "success by task (%), whiskers: 95% interval", fill="black")
+    draw.text((x0, 8), title, fill="black")
     x = x0
     for label, color, w in legend:
         draw.rectangle([x, 30, x + 12, 42], fill=color)

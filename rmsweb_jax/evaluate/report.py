@@ -293,5 +293,6 @@ def write_report(report: Mapping[str, Any], out_dir: str | os.PathLike, name: st
     paths = {ext: out_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
     paths["json"].write_text(json.dumps(report, indent=2))
     paths["md"].write_text(markdown(report))
-    plots.success_by_task_png(success_rows(report), paths["png"])
+    plots.success_by_task_png(success_rows(report), paths["png"], title="success by task (%), whiskers: 95% "
+                              f"interval (tasks: Wilson; {ALL}: bootstrap over tasks)")
     return paths

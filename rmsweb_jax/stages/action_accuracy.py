@@ -27,8 +27,15 @@ from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.collect.sft_view import SFTExample
 from rmsweb_jax.data.sft import example_name
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.stages.manifest import MODEL_LOADING
 from rmsweb_jax.stages.sft import saved_split
 from rmsweb_jax.web.semantics import same_action
+
+# What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
+# sft's split.json always (whatever action_accuracy.checkpoint names), through config.data's store.
+CONFIG_READS = ("action_accuracy", "data", "prompt", *MODEL_LOADING, "seed")
+INPUT_STAGES = {"sft": None}
+OUTPUTS = {"sft_eval.json": None}
 
 REPORT = "sft_eval.json"
 

@@ -37,12 +37,19 @@ from absl import logging
 
 from rmsweb_jax.collect.report import check_store_success_rule, write_report
 from rmsweb_jax.collect.retries import RetryCollector
-from rmsweb_jax.collect.store import StoreWriter
+from rmsweb_jax.collect.store import RETRY_MODES, StoreWriter
 from rmsweb_jax.collect.store_provenance import policy_provenance
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.stages.manifest import MODEL_LOADING
 from rmsweb_jax.suites.success_rule import check_success_rule
 from rmsweb_jax.suites.task import Task
 from rmsweb_jax.web.worker import WorkerConfig
+
+# What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
+# A flax: policy loads its own spec (model.init is not read) with the run's dtypes, mesh and seed.
+CONFIG_READS = ("collect", "prompt", *MODEL_LOADING, "seed")
+INPUT_STAGES: dict = {}
+OUTPUTS = {"store": "collect.store_dir", "collect_report.json": None, "collect_viewer": None}
 
 REPORT_NAME = "collect_report"
 VIEWER_DIR = "collect_viewer"  # collect.viewer: the static HTML viewer over the store
@@ -310,6 +317,9 @@ def run(config, workdir: pathlib.Path) -> dict:
     store_dir = pathlib.Path(cfg.store_dir) if cfg.store_dir else workdir / "store"
     judge_name, _ = judge_spec(cfg)  # a wrong judge fails before any task file is read or model loaded
     check_success_rule(cfg.success, "collect.success")  # the report names it for every judge
+    if cfg.retry_mode not in RETRY_MODES:
+        raise UserError(f"collect.retry_mode {cfg.retry_mode!r}: expected 'reflection' (retries conditioned on the "
+                        "policy's reflections) or 'plain' (retries without them, a fresh draw each)")
     if cfg.policy == "teacher" and cfg.suite != "miniwob":
         make_policy(config, workdir, [])  # raises: the teacher only knows MiniWoB++
     tasks = miniwob_tasks(cfg) if cfg.suite == "miniwob" else live_tasks(cfg)
@@ -321,7 +331,8 @@ def run(config, workdir: pathlib.Path) -> dict:
         print("[collect] policy: ScriptedTeacher, a scripted stand-in for an LLM collector (its rates are no result)")
     if cfg.suite in LIVE_SUITES and len(seeds) > 1:
         print(f"[collect] live sites cannot be seeded: each of the {len(seeds)} seeds is one more independent run")
-    print(f"[collect] {len(tasks)} tasks x {len(seeds)} seeds, K={cfg.attempts} attempts, {cfg.workers} workers, "
+    print(f"[collect] {len(tasks)} tasks x {len(seeds)} seeds, K={cfg.attempts} attempts ({cfg.retry_mode} "
+          f"retries), {cfg.workers} workers, "
           f"judge {judge.name}, store {store_dir}")
     # The store records the policy's name (a checkpoint's own for flax:) and refuses another's.
     writer = dict(flush_every_tasks=cfg.flush_every_tasks, flush_every_s=cfg.flush_every_s, policy=policy.name,
@@ -335,7 +346,8 @@ def run(config, workdir: pathlib.Path) -> dict:
             collector = RetryCollector(
                 suite, policy, judge, store, attempts=cfg.attempts, workers=cfg.workers, max_steps=cfg.max_steps,
                 worker_config=WorkerConfig(step_timeout_s=cfg.step_timeout_s), batch_window_s=cfg.batch_window_s,
-                pool_max_attempts=cfg.pool_max_attempts, fault_reruns=cfg.fault_reruns, progress=cfg.progress)
+                pool_max_attempts=cfg.pool_max_attempts, fault_reruns=cfg.fault_reruns, progress=cfg.progress,
+                retry_mode=cfg.retry_mode)
             summary = collector.run(tasks, seeds)
     finally:
         policy.close()

@@ -48,6 +48,15 @@ import time
 import ml_collections
 
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.stages.manifest import MODEL_LOADING
+
+# What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
+# The collect store for the seed check unless eval.training_store names another (or "none"); sft's / salvage's
+# export when eval.policies names the stage. (The training-curve plot also draws the sft / salvage logs present:
+# a by-product, no dependency.)
+CONFIG_READS = ("eval", "collect", "prompt", *MODEL_LOADING, "seed")
+INPUT_STAGES = {"collect": "eval.training_store", "sft": "eval.policies", "salvage": "eval.policies"}
+OUTPUTS = {"eval/eval_report.json": None}
 
 EVAL_DIR = "eval"
 REPORT_NAME = "eval_report"

@@ -27,7 +27,15 @@ from rmsweb_jax.errors import UserError
 from rmsweb_jax.mining.replay import ReplayedState, ReplaySettings, replay
 from rmsweb_jax.mining.report import compute_report, write_report
 from rmsweb_jax.mining.state_set import CriticalState, state_id, write_state_set
+from rmsweb_jax.stages.manifest import MODEL_LOADING
 from rmsweb_jax.stages.sft import saved_split
+
+# What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
+# sft's split.json always (whatever mine.checkpoint names); config.collect for the rollouts' browsers and judge.
+CONFIG_READS = ("mine", "data", "prompt", "collect", *MODEL_LOADING, "seed")
+INPUT_STAGES = {"sft": None}
+OUTPUTS = {"mine/states.arrayrecord": None, "mine/summary.json": None, "mine/report.json": None}
+FRESH_START = ("mine",)  # a rerun for a change starts afresh (manifest.py)
 
 NAME = "mine"
 STATES_FILE = "states.arrayrecord"

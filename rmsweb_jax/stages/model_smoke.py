@@ -15,6 +15,11 @@ from rmsweb_jax.processing.image import ImageProcessorConfig, preprocess_images
 from rmsweb_jax.processing.prompt_tokens import encode_multimodal, load_tokenizer
 from rmsweb_jax.sampling.sampler import Sampler, SamplingParams
 
+# What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
+CONFIG_READS = ("smoke", "model", "mesh", "sharding_rules", "seed")
+INPUT_STAGES: dict = {}
+OUTPUTS = {"model_smoke.json": None}
+
 
 def synthetic_screenshot(width: int = 256, height: int = 160) -> Image.Image:
     """Returns a small drawn 'web page' (title, text field, two buttons) for the smoke prompt."""

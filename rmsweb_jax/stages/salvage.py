@@ -38,7 +38,15 @@ from rmsweb_jax.salvage.batches import OLD_LOGPROBS, PromptTokens, anchor_row, p
 from rmsweb_jax.salvage.dynamic_sampling import DrawSettings, DynamicSampler
 from rmsweb_jax.salvage.gates import GateSettings
 from rmsweb_jax.salvage.rewards import RewardSettings, score_samples
+from rmsweb_jax.stages.manifest import MODEL_LOADING
 from rmsweb_jax.stages.sft import check_tokenizer
+
+# What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
+# sft's export unless salvage.init names another checkpoint; mine's state set unless salvage.states names a file.
+CONFIG_READS = ("salvage", "train", "data.buckets", "data.bucket_patches", "prompt", *MODEL_LOADING, "seed")
+INPUT_STAGES = {"sft": "salvage.init", "mine": "salvage.states"}
+OUTPUTS = {"salvage/summary.json": None, "salvage/hf": None}
+FRESH_START = ("salvage",)  # a rerun for a change starts afresh (manifest.py)
 
 NAME = "salvage"
 REF_LOGPROBS = "token_ref_logprobs"

@@ -24,6 +24,13 @@ from rmsweb_jax.collect.store import StoreError
 from rmsweb_jax.data.sft import SFTBatches, SFTDataConfig, Split, split_by_task
 from rmsweb_jax.errors import UserError
 
+# What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
+# The store is collect's unless data.store_dir names another (then that path is the dependency, not collect).
+CONFIG_READS = ("data", "train", "model", "mesh", "sharding_rules", "prompt", "seed")
+INPUT_STAGES = {"collect": "data.store_dir"}
+OUTPUTS = {"sft/summary.json": None, "sft/split.json": None, "sft/hf": None}
+FRESH_START = ("sft",)  # a rerun for a change starts afresh (manifest.py)
+
 NAME = "sft"
 SPLIT_FILE = "split.json"
 
@@ -36,7 +43,7 @@ def split_path(workdir: pathlib.Path) -> pathlib.Path:
 def split_record(data: SFTDataConfig, view: SFTView, split: Split) -> dict:
     """Returns split.json's content: the store, the split settings and both sides' task groups."""
     held = set(split.held_out_keys)
-    return {"store_dir": str(data.store_dir), "held_out_fraction": data.held_out_fraction,
+    return {"store_dir": str(data.store_dir), "attempts": data.attempts, "held_out_fraction": data.held_out_fraction,
             "split_seed": data.split_seed, "train_examples": len(split.train), "held_out_examples": len(split.held_out),
             "held_out_task_groups": [list(k) for k in split.held_out_keys],
             "train_task_groups": [list(k) for k in sorted(view.task_keys) if k not in held]}
@@ -56,7 +63,11 @@ def saved_split(config, workdir: pathlib.Path) -> tuple[SFTDataConfig, SFTView, 
     if str(data.store_dir) != saved["store_dir"]:
         raise UserError(f"config.data.store_dir resolves to {data.store_dir}, but {path} split the store at "
                         f"{saved['store_dir']}: evaluate on the store sft trained from")
-    view = SFTView(data.store_dir)
+    if data.attempts != _saved_attempts(saved):
+        raise UserError(f"config.data.attempts is {data.attempts!r}, but {path} split the store's "
+                        f"{_saved_attempts(saved)!r} successful attempts (its task groups are those): set "
+                        f"config.data.attempts={_saved_attempts(saved)!r}, or rerun sft")
+    view = data.view()
     held = [tuple(k) for k in saved["held_out_task_groups"]]
     train = [tuple(k) for k in saved["train_task_groups"]]
     position = {k: i for i, k in enumerate(view.task_keys)}
@@ -74,17 +85,22 @@ def load_split(config, workdir: pathlib.Path) -> tuple[SFTDataConfig, SFTView, S
     """Returns (data settings, the store's SFT view, the train / held-out split); StoreError names a
     missing, empty or other-schema store."""
     data = SFTDataConfig.from_config(config.get("data"), workdir)
-    view = SFTView(data.store_dir)
+    view = data.view()
     return data, view, split_by_task(view, data.held_out_fraction, data.split_seed)
 
 
 def same_split_settings(path: pathlib.Path, data: SFTDataConfig) -> bool:
-    """Returns whether `path` holds a split of the same store, fraction and seed as `data`."""
+    """Returns whether `path` holds a split of the same store, attempts, fraction and seed as `data`."""
     if not path.is_file():
         return False
     saved = json.loads(path.read_text())
-    return (saved.get("store_dir"), saved.get("held_out_fraction"), saved.get("split_seed")) == (
-        str(data.store_dir), data.held_out_fraction, data.split_seed)
+    return (saved.get("store_dir"), _saved_attempts(saved), saved.get("held_out_fraction"),
+            saved.get("split_seed")) == (str(data.store_dir), data.attempts, data.held_out_fraction, data.split_seed)
+
+
+def _saved_attempts(saved: dict) -> str:
+    # A split.json from before config.data.attempts split every successful attempt.
+    return saved.get("attempts", "all")
 
 
 def check_tokenizer(tokenizer_dir: str | pathlib.Path, model_config) -> tuple[object, object]:

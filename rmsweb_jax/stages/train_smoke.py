@@ -15,6 +15,12 @@ import jax
 from rmsweb_jax.train.loop import Trainer
 from rmsweb_jax.train.synthetic_batches import SyntheticBatches, random_examples
 
+# What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
+CONFIG_READS = ("train", "train_smoke", "model", "mesh", "sharding_rules", "seed")
+INPUT_STAGES: dict = {}
+OUTPUTS = {"train_smoke/summary.json": None, "train_smoke/hf": None}
+FRESH_START = ("train_smoke",)  # a rerun for a change starts afresh (manifest.py)
+
 
 def run(config, workdir: pathlib.Path) -> dict:
     """Trains config.train.optimizer.total_steps steps on synthetic examples; writes summary.json."""

@@ -1,0 +1,58 @@
+"""Command line of the planner: prints the plan's table; exit status 2 (a UserError) when it does not fit.
+
+    python -m rmsweb_jax.plan --config=configs/qwen3_vl_8b_sft.py:v5p
+    python -m rmsweb_jax.plan --config=configs/demo.py --chip=v5e --topology=v5litepod-4
+
+--chip and --topology default to the config's `plan` block (the slice a preset is sized for).
+Nothing is allocated or compiled: the figures come from traced shapes (rmsweb_jax/plan/memory.py).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+# Shapes only: never claim an accelerator. Set before the config file's imports bring in jax.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from rmsweb_jax.errors import UserError  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:arg]).")
+_CHIP = flags.DEFINE_string("chip", "", "v5e | v5p | v6e | h100 | h200 (default: config.plan.chip)")
+_TOPOLOGY = flags.DEFINE_string("topology", "", "slice name (v5p-64), chip grid (4x4x4) or chip count "
+                                "(default: config.plan.topology)")
+_ARCH = flags.DEFINE_string("architecture", "", "8b | 32b | tiny | demo | path to config.json (default: "
+                            "model.init's checkpoint or preset, else config.plan.architecture)")
+_MFU = flags.DEFINE_float("mfu", 0.4, "model FLOPs utilization the step time is quoted at")
+_USABLE = flags.DEFINE_float("usable_hbm", 0.9, "share of HBM a plan may use (XLA's reserve, fragmentation)")
+flags.mark_flags_as_required(["config"])
+
+
+def _from_plan_block(config, key: str, given: str) -> str:
+    if given:
+        return given
+    if "plan" in config and config.plan.get(key):
+        return str(config.plan[key])
+    raise UserError(f"--{key} is not given and the config has no plan.{key}; e.g. --chip=v5p --topology=v5p-64")
+
+
+def main(argv) -> None:
+    del argv
+    from rmsweb_jax.plan.planner import plan
+    config = _CONFIG.value
+    try:
+        result = plan(config, chip_name=_from_plan_block(config, "chip", _CHIP.value),
+                      topology=_from_plan_block(config, "topology", _TOPOLOGY.value), mfu=_MFU.value,
+                      usable_fraction=_USABLE.value, config_name=config_flags.get_config_filename(flags.FLAGS["config"]),
+                      arch=_ARCH.value)
+        print(result.table(), flush=True)
+        result.check_fits()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,323 @@
+"""Stage manifests: what a stage read (config fields, its input stages' manifests) and wrote, so that
+run_stages can skip a stage that is up to date and say why it reruns one that is not.
+
+Each stage module declares, at its top:
+- CONFIG_READS: the config sections or dotted fields it (and the helpers it calls) reads, e.g.
+  ("salvage", "train", "data.buckets", *MODEL_LOADING, "seed");
+- INPUT_STAGES: {stage: None | config key}: the stages whose outputs it reads. With a key, the
+  dependency holds only while that key leaves the default path in place: its value is "" or names
+  the stage among its comma-separated items (eval.policies = "sft,teacher" reads sft's export). A
+  key that points elsewhere (mine.checkpoint = "hf:/ckpt", salvage.states = "/x.arrayrecord",
+  eval.training_store = "none") drops the dependency: the path itself is a config field the stage
+  reads, so changing it reruns the stage, but the files behind it are the user's, not hashed (a
+  checkpoint can be 16 GB);
+- OUTPUTS: {workdir-relative path: None | config key whose non-empty value replaces the path}: what
+  must still be there for the stage to count as done. Those present when the stage completes are
+  recorded with a fingerprint (a file: bytes and sha256, up to HASH_LIMIT; a folder: file count and
+  bytes); a declared path the run did not write (sft/hf with train.export_hf=False) is not required.
+
+The manifests live in <workdir>/manifests/<stage>.json rather than in each stage's folder: the
+collect and model stages have no folder of their own (store/, collect_report.*, model_smoke.json),
+and a manifest kept apart from the outputs survives their deletion, so the rerun can say "its
+output mine/states.arrayrecord is missing" instead of "never ran".
+
+A manifest is written (atomically) with complete = false when its stage starts and rewritten with
+complete = true, the outputs and the times when it ends. A dependant records the sha256 of each input
+stage's manifest file: a rerun of the input rewrites that file (new times), so the dependant reruns
+too, and so on down the pipeline. `--config.rerun=mine,salvage` (or `all`) reruns stages whatever their
+manifests say.
+
+- FRESH_START (optional, default none): the workdir folders that hold the stage's training state (sft/,
+  mine/, salvage/). A stage that reruns because something it read changed (a config field, an input
+  stage, an output, config.rerun) must not resume from the state of the old inputs: those folders are
+  moved, not deleted, to <workdir>/stale/<stage>-<UTC time>/ first, and the stage starts afresh. A stage
+  whose last run did not complete resumes instead (its checkpoint, its store), as it does alone. Stages
+  with none resume whatever the reason: collect and eval keep their stores, which refuse episodes of
+  another policy or settings themselves (a store per policy identity under eval/).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+
+from rmsweb_jax.durable import file_sha256, fsync_dir, fsync_file
+from rmsweb_jax.errors import UserError
+
+MANIFEST_DIR = "manifests"
+STALE_DIR = "stale"  # FRESH_START folders of stages rerun afresh, moved here (see set_aside)
+HASH_LIMIT = 64 << 20  # files up to 64 MiB are fingerprinted by content; larger ones by size and mtime
+# What loading a model reads besides model.init (sampling/model_from_config.py, models/from_config.py):
+# stages that load a checkpoint they name themselves (mine.checkpoint, salvage.init, eval's policies) read
+# these, not model.init, so a new model.init for sft does not rerun them by itself.
+MODEL_LOADING = ("model.param_dtype", "model.compute_dtype", "model.remat_policy", "model.attention_impl",
+                 "model.scan_layers", "model.decode_layout", "mesh", "sharding_rules")
+ALL = "all"
+MISSING = "<not in the config>"
+
+
+@dataclasses.dataclass(frozen=True)
+class Declaration:
+    """What a stage module declares it reads and writes (see the module docstring)."""
+
+    stage: str
+    config_reads: tuple[str, ...]
+    input_stages: dict[str, str | None]
+    outputs: dict[str, str | None]
+    fresh_start: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, stage: str, module) -> "Declaration":
+        """Returns the declaration of `module` (the stage's module); raises ValueError when one is missing."""
+        missing = [k for k in ("CONFIG_READS", "INPUT_STAGES", "OUTPUTS") if not hasattr(module, k)]
+        if missing:
+            raise ValueError(f"stage {stage!r} ({module.__name__}) declares no {', '.join(missing)} "
+                             "(see rmsweb_jax/stages/manifest.py)")
+        return cls(stage, tuple(module.CONFIG_READS), dict(module.INPUT_STAGES), dict(module.OUTPUTS),
+                   tuple(getattr(module, "FRESH_START", ())))
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Whether a stage runs, and why (printed as "[<stage>] running: ..." or "[<stage>] skipped: ..."); `fresh`:
+    it reruns because something it read changed, so its FRESH_START folders are set aside first."""
+
+    run: bool
+    reason: str
+    fresh: bool = False
+
+
+def lookup(config, dotted: str):
+    """Returns the value at the dotted path of `config` ("<not in the config>" when absent)."""
+    node = config
+    for part in dotted.split("."):
+        if part not in node:
+            return MISSING
+        node = node[part]
+    return node
+
+
+def _canonical(value):
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    return json.loads(json.dumps(value, sort_keys=True, default=str))  # tuples as lists, as they read back
+
+
+def config_fields(config, reads) -> dict:
+    """Returns {declared section or field: its value as canonical JSON} of `config`."""
+    return {path: _canonical(lookup(config, path)) for path in sorted(set(reads))}
+
+
+def digest(value) -> str:
+    """Returns the sha256 of `value` serialized canonically (sorted keys, no whitespace)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _names(value) -> list[str]:
+    # "sft,teacher" / "tuned=sft" -> ["sft", "teacher"]: the spec after a label
+    return [item.strip().rpartition("=")[2].strip() for item in str(value).split(",") if item.strip()]
+
+
+def input_stages(decl: Declaration, config) -> list[str]:
+    """Returns the stages whose outputs the stage reads under `config` (see INPUT_STAGES)."""
+    out = []
+    for stage, key in decl.input_stages.items():
+        value = "" if key is None else lookup(config, key)
+        if value == "" or stage in _names(value):
+            out.append(stage)
+    return sorted(out)
+
+
+def output_paths(decl: Declaration, config, workdir: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Returns {declared output: its path} under `config` (a set key replaces the workdir path)."""
+    out = {}
+    for rel, key in decl.outputs.items():
+        value = None if key is None else lookup(config, key)
+        out[rel] = pathlib.Path(value) if value and value != MISSING else workdir / rel
+    return out
+
+
+def fingerprint(path: pathlib.Path) -> dict | None:
+    """Returns what identifies the file or folder at `path` (None when absent): a file's bytes and sha256
+    (bytes and mtime above HASH_LIMIT), a folder's file count and bytes."""
+    if path.is_file():
+        size = path.stat().st_size
+        if size <= HASH_LIMIT:
+            return {"kind": "file", "bytes": size, "sha256": file_sha256(path)}
+        return {"kind": "file", "bytes": size, "mtime_ns": path.stat().st_mtime_ns}
+    if path.is_dir():
+        files = [p for p in path.rglob("*") if p.is_file()]
+        return {"kind": "folder", "files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+    return None
+
+
+def manifest_path(workdir: pathlib.Path, stage: str) -> pathlib.Path:
+    """Returns where `stage`'s manifest lives: <workdir>/manifests/<stage>.json."""
+    return pathlib.Path(workdir) / MANIFEST_DIR / f"{stage}.json"
+
+
+def read_manifest(workdir: pathlib.Path, stage: str) -> dict | None:
+    """Returns `stage`'s manifest in `workdir`, or None when there is none (or it cannot be read)."""
+    path = manifest_path(workdir, stage)
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def manifest_digest(workdir: pathlib.Path, stage: str) -> str | None:
+    """Returns the sha256 of `stage`'s manifest file (None when absent): what a dependant records."""
+    path = manifest_path(workdir, stage)
+    return file_sha256(path) if path.is_file() else None
+
+
+def write_json_atomic(path: pathlib.Path, value: dict) -> None:
+    """Writes `value` as JSON to `path` through a synced temporary file renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(value, indent=2, sort_keys=True))
+        fsync_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def started(decl: Declaration, config, workdir: pathlib.Path) -> dict:
+    """Writes and returns the incomplete manifest of a stage about to run: config fields, input digests."""
+    fields = config_fields(config, decl.config_reads)
+    manifest = {"stage": decl.stage, "complete": False, "started_at": _now(), "config": fields,
+                "config_digest": digest(fields),
+                "inputs": {s: manifest_digest(workdir, s) for s in input_stages(decl, config)}}
+    write_json_atomic(manifest_path(workdir, decl.stage), manifest)
+    return manifest
+
+
+def completed(decl: Declaration, manifest: dict, config, workdir: pathlib.Path, seconds: float) -> dict:
+    """Writes and returns the complete manifest: `manifest` (from started) with the outputs and the times."""
+    outputs = {}
+    for rel, path in output_paths(decl, config, workdir).items():
+        found = fingerprint(path)
+        if found is not None:
+            outputs[rel] = {"path": str(path), **found}
+    done = {**manifest, "complete": True, "finished_at": _now(), "seconds": round(seconds, 2), "outputs": outputs}
+    write_json_atomic(manifest_path(workdir, decl.stage), done)
+    return done
+
+
+def flatten(value, prefix: str = "") -> dict:
+    """Returns {dotted path: leaf} of nested dicts (an empty dict is a leaf)."""
+    if isinstance(value, dict) and value:
+        out = {}
+        for k, v in value.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: value}
+
+
+def changed_fields(old: dict, new: dict) -> list[str]:
+    """Returns "key (old -> new)" for every config leaf that differs between two config_fields records."""
+    a, b = flatten(old), flatten(new)
+    return [f"{k} ({_short(a.get(k, MISSING))} -> {_short(b.get(k, MISSING))})"
+            for k in sorted(set(a) | set(b)) if a.get(k, MISSING) != b.get(k, MISSING)]
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if value != MISSING else "absent"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _output_problem(stage_manifest: dict) -> str | None:
+    """Returns why the recorded outputs of a manifest no longer hold (missing, changed), or None."""
+    for rel, recorded in stage_manifest.get("outputs", {}).items():
+        path = pathlib.Path(recorded["path"])
+        now = fingerprint(path)
+        if now is None:
+            return f"output {rel} is missing ({path}: deleted?)"
+        if {k: v for k, v in recorded.items() if k != "path"} != now:
+            return f"output {rel} changed since it completed ({path})"
+    return None
+
+
+def decide(decl: Declaration, config, workdir: pathlib.Path, *, forced: bool) -> Decision:
+    """Returns whether the stage runs: it is skipped only when its manifest is complete, its config
+    fields equal, its input stages' manifests the ones it read, complete and with their outputs, and
+    its own outputs present and unchanged; else the first reason it is not up to date."""
+    if forced:
+        return Decision(True, "forced by config.rerun", fresh=True)
+    old = read_manifest(workdir, decl.stage)
+    if old is None:
+        return Decision(True, f"no manifest ({manifest_path(workdir, decl.stage)}): first run in this workdir")
+    fields = config_fields(config, decl.config_reads)
+    if old.get("config_digest") != digest(fields):  # also after an interrupted run: its state is the old config's
+        changed = changed_fields(old.get("config", {}), fields)
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        return Decision(True, f"config changed: {', '.join(changed[:3]) or 'the fields it reads'}{more}", fresh=True)
+    if not old.get("complete"):
+        return Decision(True, f"its last run (started {old.get('started_at')}) did not complete: resuming")
+    wanted, recorded = input_stages(decl, config), old.get("inputs", {})
+    if sorted(recorded) != wanted:
+        return Decision(True, f"its input stages changed (then {sorted(recorded) or 'none'}, now {wanted or 'none'})",
+                        fresh=True)
+    for stage in wanted:
+        theirs = read_manifest(workdir, stage)
+        if theirs is None:
+            return Decision(True, f"input stage {stage} has no manifest (deleted, or {stage} never ran here)",
+                            fresh=True)
+        if not theirs.get("complete"):
+            return Decision(True, f"input stage {stage} did not complete (started {theirs.get('started_at')})",
+                            fresh=True)
+        if manifest_digest(workdir, stage) != recorded[stage]:
+            return Decision(True, f"input stage {stage} reran (finished {theirs.get('finished_at')})", fresh=True)
+        problem = _output_problem(theirs)
+        if problem:
+            return Decision(True, f"input stage {stage}'s {problem}", fresh=True)
+    problem = _output_problem(old)
+    if problem:
+        return Decision(True, f"its {problem}", fresh=True)
+    inputs = f"inputs {', '.join(wanted)} unchanged" if wanted else "no input stages"
+    return Decision(False, f"up to date (completed {old.get('finished_at')}; config unchanged, {inputs}, "
+                           f"{len(old.get('outputs', {}))} outputs present)")
+
+
+def forced_stages(rerun, stages: list[str], known) -> set[str]:
+    """Returns the stages config.rerun forces ("all", or comma-separated names among config.stages);
+    raises UserError naming an unknown stage or one this run does not run."""
+    parts = [rerun] if isinstance(rerun, str) else list(rerun)
+    names = [n.strip() for part in parts for n in str(part).split(",") if n.strip()]
+    if ALL in names:
+        return set(stages)
+    unknown = [n for n in names if n not in known]
+    absent = [n for n in names if n in known and n not in stages]
+    if unknown or absent:
+        what = f"unknown stage(s) {unknown}" if unknown else f"{absent}, not among config.stages {stages}"
+        raise UserError(f"config.rerun = {rerun!r} names {what}; expected 'all' or comma-separated stages of "
+                        f"config.stages (e.g. --config.rerun={stages[-1]})")
+    return set(names)
+
+
+def set_aside(decl: Declaration, workdir: pathlib.Path) -> pathlib.Path | None:
+    """Moves the stage's FRESH_START folders that exist to <workdir>/stale/<stage>-<UTC time>/ (so the
+    stage starts afresh and nothing is lost); returns that folder, or None when there was nothing to move."""
+    present = [rel for rel in decl.fresh_start if (workdir / rel).exists()]
+    if not present:
+        return None
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    target = workdir / STALE_DIR / f"{decl.stage}-{stamp}"
+    target.mkdir(parents=True)
+    for rel in present:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(workdir / rel, target / rel)
+    fsync_dir(workdir)
+    return target

@@ -1,0 +1,298 @@
+"""The `table` stage: RMSWeb's table (collection, policies on held-out seeds, mining), demo_table.{md,json}.
+
+    python -m rmsweb_jax.main --config=configs/demo.py --workdir=/tmp/run \
+        --config.stages=collect,sft,mine,salvage,eval,table [--config.ablations=True]
+
+The rows the main stages do not give are run as variants, each in <workdir>/variants/<name>/ through the
+same stage runner (rmsweb_jax/stages/pipeline.py) with a copy of the config and a few fields changed, so
+their stages are skipped and rerun by their own manifests exactly as the main ones:
+- plain_collect: collect with collect.retry_mode = "plain" (same tasks, seeds, K) into its own store;
+- sft_first: sft on the same store with data.attempts = "first", then eval of that SFT;
+- with config.ablations: salvage_<piece> (salvage + eval from the main SFT export and state set, one
+  piece of Salvage-DS switched: reward partial_credit / graded, gates none / contrast, anchor off) and
+  rl_all_states (mine with tau 1 and routine share ~1, so the state set is every replayed reference
+  step, not the mined ones; then salvage, same number of updates, and eval).
+A variant reads the main stages' outputs through links: <variant>/<folder> is a symlink to the main
+workdir's folder (sft, mine, store) and <variant>/manifests/<stage>.json a copy of the main manifest,
+so when a main stage reruns, the copy changes and the variant's dependants rerun, as in one workdir.
+
+The table is computed from the stores and reports alone: the collection figures from the two stores
+(collect/report.py compute_report), the policy rows from their eval stores on the same held-out pairs
+(evaluate/report.py build_report: Wilson interval, paired bootstrap interval and McNemar p against
+the SFT on reflection-collected data), the mining summary from mine/report.json.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import ml_collections
+
+from rmsweb_jax.errors import UserError
+from rmsweb_jax.stages import collect, eval as eval_stage, manifest, mine, salvage, sft
+from rmsweb_jax.stages.pipeline import run_pipeline
+
+# What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
+# The variants run collect, sft, mine, salvage and eval with the config: the table reads what they read.
+CONFIG_READS = tuple(sorted({"ablations", *collect.CONFIG_READS, *sft.CONFIG_READS, *mine.CONFIG_READS,
+                             *salvage.CONFIG_READS, *eval_stage.CONFIG_READS}))
+INPUT_STAGES = {"collect": None, "sft": None, "mine": None, "salvage": None, "eval": None}
+OUTPUTS = {"demo_table.json": None, "demo_table.md": None}
+
+NAME = "demo_table"
+VARIANTS_DIR = "variants"
+TEACHER_LABEL = "scripted collector with injected mistakes"
+BASELINE = "sft"  # the row every policy row is compared with: SFT on reflection-collected data
+ROWS = {"sft_first": "SFT (first-attempt data)", "sft": "SFT (reflection-collected data)",
+        "rmsweb": "RMSWeb (SFT + mining + Salvage-DS)"}
+# Ablation variants: (name, row, the salvage field switched, its value).
+ABLATIONS = (("salvage_reward_partial_credit", "Salvage-DS, reward partial_credit", "reward", "partial_credit"),
+             ("salvage_reward_graded", "Salvage-DS, reward graded", "reward", "graded"),
+             ("salvage_gates_none", "Salvage-DS, gates none", "gates", "none"),
+             ("salvage_gates_contrast", "Salvage-DS, gates contrast", "gates", "contrast"),
+             ("salvage_anchor_off", "Salvage-DS, anchor off", "anchor", "off"))
+ALL_STATES = ("rl_all_states", "RL on all states (no mining, same updates)")
+# rl_all_states: tau 1 makes every state not solved K/K critical; a routine share this close to 1 then keeps
+# every routine state too (select_states draws critical x share / (1 - share) of them, capped by their count).
+ALL_STATES_TAU, ALL_STATES_ROUTINE_SHARE = 1.0, 0.999
+
+
+def store_of(config, workdir: pathlib.Path) -> pathlib.Path:
+    """Returns the main collect store: collect.store_dir, or <workdir>/store."""
+    return pathlib.Path(config.collect.store_dir) if config.collect.store_dir else workdir / "store"
+
+
+def _link(workdir: pathlib.Path, variant: pathlib.Path, stage: str, folder: str, target: pathlib.Path) -> None:
+    """Makes the main stage `stage` an input of the variant: its manifest copied, <variant>/<folder> -> target."""
+    source = manifest.manifest_path(workdir, stage)
+    if not source.is_file():
+        raise UserError(f"the table's variants read the {stage} stage's outputs, but {source} is missing: run "
+                        f"--config.stages=collect,sft,mine,salvage,eval,table in {workdir}")
+    copy = manifest.manifest_path(variant, stage)
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    if not copy.is_file() or copy.read_bytes() != source.read_bytes():
+        shutil.copyfile(source, copy)
+    link = variant / folder
+    if link.is_symlink() and pathlib.Path(link.readlink()) == target.resolve():
+        return
+    if link.is_symlink() or link.is_file():
+        link.unlink()
+    elif link.exists():
+        shutil.rmtree(link)
+    link.symlink_to(target.resolve(), target_is_directory=True)
+
+
+def _variant_config(config, stages: tuple[str, ...], **overrides) -> ml_collections.ConfigDict:
+    c = config.copy_and_resolve_references()
+    c.stages = stages
+    c.rerun = ""  # config.rerun names the main stages; a variant reruns when the main stages it links rerun
+    for dotted, value in overrides.items():
+        *parents, leaf = dotted.split("__")
+        node = c
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def variants(config, workdir: pathlib.Path) -> dict[str, tuple[ml_collections.ConfigDict, dict]]:
+    """Returns {variant name: (its config, {main stage: (folder, target) it links})}, in running order."""
+    store = store_of(config, workdir)
+    trained_on = eval_stage.training_store(config, workdir)
+    training_store = str(trained_on) if trained_on is not None else eval_stage.NO_CHECK
+    evaluate = {"eval__compare": "", "eval__viewer": False, "eval__training_store": training_store}
+    sft_links = {"sft": ("sft", workdir / "sft")}
+    out = {"plain_collect": (_variant_config(config, ("collect",), collect__retry_mode="plain", collect__store_dir="",
+                                             collect__viewer=False), {}),
+           "sft_first": (_variant_config(config, ("sft", "eval"), data__attempts="first", eval__policies="sft",
+                                         **evaluate),
+                         {} if config.data.store_dir else {"collect": ("store", store)})}
+    if config.ablations:
+        for name, _, field, value in ABLATIONS:
+            out[name] = (_variant_config(config, ("salvage", "eval"), eval__policies="salvage",
+                                         **{f"salvage__{field}": value}, **evaluate),
+                         {**sft_links, "mine": ("mine", workdir / "mine")})
+        # mine reads sft's split of the main store: the same store path as the split recorded
+        data_store = config.data.store_dir or str(workdir / "store")
+        out[ALL_STATES[0]] = (_variant_config(config, ("mine", "salvage", "eval"), mine__tau=ALL_STATES_TAU,
+                                              mine__routine_share=ALL_STATES_ROUTINE_SHARE, mine__rollouts=False,
+                                              data__store_dir=data_store, eval__policies="salvage", **evaluate),
+                              sft_links)
+    return out
+
+
+def run_variants(config, workdir: pathlib.Path) -> dict[str, list[dict]]:
+    """Runs every variant in <workdir>/variants/<name>/; returns {name: its stage records}."""
+    records = {}
+    for name, (vconfig, links) in variants(config, workdir).items():
+        vdir = workdir / VARIANTS_DIR / name
+        vdir.mkdir(parents=True, exist_ok=True)
+        for stage, (folder, target) in links.items():
+            _link(workdir, vdir, stage, folder, target)
+        records[name] = run_pipeline(vconfig, vdir, prefix=f"{name}/")
+    return records
+
+
+# --- the table from the stores -----------------------------------------------------------------
+def _collection(store_dir: pathlib.Path, attempts: int, success_rule: str) -> dict:
+    from rmsweb_jax.collect.report import compute_report
+    from rmsweb_jax.collect.store import TrajectoryStore
+    with TrajectoryStore(store_dir) as store:
+        report = compute_report(store, attempts, success_rule=success_rule)
+        wins = [next(t for t in g if t.success) for g in store.groups().values() if any(t.success for t in g)]
+    return {"store_dir": str(store_dir), "retry_mode": report["retry_mode"], "groups": report["tasks"],
+            "attempts_k": report["attempts_k"], "success_at_1": report["success_at_1"],
+            "success_at_le_K": report["success_at_le_K"], "solved": report["solved"],
+            "mean_steps_solved": sum(t.num_steps for t in wins) / len(wins) if wins else None}
+
+
+def _eval_store(eval_dir: pathlib.Path, label: str) -> dict:
+    """Returns the policy {"id", "label", "store_dir"} labelled `label` in eval_dir/eval_report.json."""
+    path = eval_dir / f"{eval_stage.REPORT_NAME}.json"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: the eval stage writes it (run it before the table)")
+    found = [p for p in json.loads(path.read_text())["policies"] if p["label"] == label]
+    if not found:
+        raise UserError(f"{path} has no policy labelled {label!r}: the table needs config.eval.policies to name "
+                        "sft and salvage unlabelled (e.g. --config.eval.policies=sft,salvage)")
+    return {k: found[0][k] for k in ("id", "label", "store_dir")}
+
+
+def eval_pairs(config, workdir: pathlib.Path) -> set[tuple[str, int]]:
+    """Returns the held-out (task, seed) pairs the eval stage plays under `config`."""
+    env = eval_stage.environment(config)
+    entries = eval_stage.parse_policies(config.eval.policies, workdir)
+    seeds = range(config.eval.first_seed, config.eval.first_seed + config.eval.num_seeds)
+    return {(t.id, s) for t in eval_stage.eval_tasks(env, entries) for s in seeds}
+
+
+def policy_rows(policies: list[dict], pairs: set[tuple[str, int]] | None, *, bootstrap_samples: int,
+                seed: int) -> dict:
+    """Returns the policy table of `policies` (dicts with "key" (one is BASELINE), "row", "id", "store_dir"):
+    per row success, Wilson interval, mean steps on the pairs EVERY row solved, and the paired comparison
+    with the BASELINE row (difference, paired bootstrap interval, McNemar p)."""
+    from rmsweb_jax.evaluate.report import build_report, read_episodes
+    keys = [p["key"] for p in policies]
+    report = build_report([{"id": p["id"], "label": p["key"], "store_dir": p["store_dir"]} for p in policies], pairs,
+                          [(k, BASELINE) for k in keys if k != BASELINE], bootstrap_samples=bootstrap_samples,
+                          seed=seed)
+    episodes = {p["key"]: read_episodes(p["store_dir"], pairs) for p in policies}
+    shared = set.intersection(*(set(e) for e in episodes.values()))
+    all_solved = sorted(k for k in shared if all(e[k].success for e in episodes.values()))
+    by_key = {p["label"]: p for p in report["policies"]}
+    versus = {c["a"]: c for c in report["comparisons"]}
+    rows = []
+    for p in policies:
+        overall, c = by_key[p["key"]]["overall"], versus.get(p["key"])
+        steps = [episodes[p["key"]][k].num_steps for k in all_solved]
+        rows.append({"key": p["key"], "row": p["row"], "id": p["id"], "store_dir": str(p["store_dir"]),
+                     "episodes": overall["episodes"], "solved": overall["solved"], "success": overall["success"],
+                     "ci95": overall["ci95"], "mean_steps_all_solved": sum(steps) / len(steps) if steps else None,
+                     "vs_baseline": None if c is None else {
+                         "n": c["n"], "difference": c["difference"], "ci95": c["ci95"],
+                         "mcnemar_p": c["mcnemar"]["p"], "only_row_solved": c["mcnemar"]["b"],
+                         "only_baseline_solved": c["mcnemar"]["c"]}})
+    return {"pairs": None if pairs is None else len(pairs), "baseline": BASELINE, "all_solved_pairs": len(all_solved),
+            "bootstrap": report["bootstrap"], "rows": rows}
+
+
+def mining_summary(report_path: pathlib.Path) -> dict:
+    """Returns critical vs routine states and the failure modes by share of the critical states (mine/report.json)."""
+    report = json.loads(report_path.read_text())
+    modes = sorted(((m, n) for m, n in report["failure_modes"].items() if n), key=lambda x: (-x[1], x[0]))
+    return {"report": str(report_path), "tau": report["tau"], "states": report["states"],
+            "critical": report["critical"], "routine": report["routine"], "critical_share": report["critical_share"],
+            "failure_modes": [{"mode": m, "states": n, "share": n / report["critical"]} for m, n in modes]}
+
+
+def build_table(config, workdir: pathlib.Path) -> dict:
+    """Returns the table's figures from the main and variant workdirs' stores and reports."""
+    workdir = pathlib.Path(workdir)
+    vdir = workdir / VARIANTS_DIR
+    attempts, rule = int(config.collect.attempts), config.collect.success
+    collector = TEACHER_LABEL if config.collect.policy == "teacher" else f"collector policy {config.collect.policy}"
+    collection = {"collector": collector, "attempts_k": attempts, "success_rule": rule,
+                  "plain": _collection(vdir / "plain_collect" / "store", attempts, rule),
+                  "reflection": _collection(store_of(config, workdir), attempts, rule)}
+    main_eval = workdir / eval_stage.EVAL_DIR
+    policies = [{"key": "sft_first", "row": ROWS["sft_first"],
+                 **_eval_store(vdir / "sft_first" / eval_stage.EVAL_DIR, "sft")},
+                {"key": "sft", "row": ROWS["sft"], **_eval_store(main_eval, "sft")},
+                {"key": "rmsweb", "row": ROWS["rmsweb"], **_eval_store(main_eval, "salvage")}]
+    if config.ablations:
+        for name, row in [a[:2] for a in ABLATIONS] + [ALL_STATES]:
+            policies.append({"key": name, "row": row, **_eval_store(vdir / name / eval_stage.EVAL_DIR, "salvage")})
+    table = {"collection": collection,
+             "policies": policy_rows(policies, eval_pairs(config, workdir),
+                                     bootstrap_samples=int(config.eval.bootstrap_samples),
+                                     seed=int(config.eval.bootstrap_seed)),
+             "mining": mining_summary(workdir / mine.NAME / "report.json"),
+             "ablations": bool(config.ablations)}
+    return table
+
+
+# --- markdown ----------------------------------------------------------------------------------
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _steps(x) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def markdown(table: dict) -> str:
+    """Returns the table as markdown, with a line under the policies saying which differences this
+    scale shows (paired interval excluding 0) and which it does not."""
+    col, pol, mining = table["collection"], table["policies"], table["mining"]
+    k = col["attempts_k"]
+    lines = ["# RMSWeb at this scale", "", f"## Collection ({col['collector']}; {col['plain']['groups']} task groups, "
+             f"K = {k}, success rule {col['success_rule']})", "",
+             f"| retries | success@1 | success@≤{k} | mean steps (solved) |", "|---|---|---|---|"]
+    for key, name in (("plain", "plain (no reflection, randomness re-drawn)"), ("reflection", "reflection-conditioned")):
+        r = col[key]
+        lines.append(f"| {name} | {_pct(r['success_at_1'])} | {_pct(r['success_at_le_K'])} | "
+                     f"{_steps(r['mean_steps_solved'])} |")
+    boot = pol["bootstrap"]
+    lines += ["", f"## Policies on held-out seeds ({pol['pairs']} (task, seed) pairs, closed loop, one attempt)", "",
+              f"Success with its 95% Wilson interval; mean steps on the {pol['all_solved_pairs']} pairs every row "
+              f"solved; difference vs {ROWS[BASELINE]} paired by pair, 95% paired bootstrap interval "
+              f"({boot['samples']:,} samples) and McNemar's exact p.", "",
+              "| policy | solved / episodes | success | 95% CI | mean steps (all solved) | difference vs SFT "
+              "(reflection) | 95% CI (paired) | McNemar p |", "|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for r in pol["rows"]:
+        v = r["vs_baseline"]
+        if v is None or v["difference"] is None:
+            diff = ci = p = "—"
+        else:
+            diff, ci = f"{100 * v['difference']:+.1f} pts", f"{100 * v['ci95'][0]:+.1f} to {100 * v['ci95'][1]:+.1f}"
+            p = f"{v['mcnemar_p']:.3g}"
+            shown = v["ci95"][0] > 0 or v["ci95"][1] < 0
+            notes.append(f"- {r['row']}: {diff} vs {ROWS[BASELINE]}; " + (
+                "the paired interval excludes 0." if shown else
+                "the paired interval includes 0: a difference is not shown at this scale."))
+        lines.append(f"| {r['row']} | {r['solved']} / {r['episodes']} | {_pct(r['success'])} | "
+                     f"{_pct(r['ci95'][0])}–{_pct(r['ci95'][1])} | {_steps(r['mean_steps_all_solved'])} | {diff} | "
+                     f"{ci} | {p} |")
+    lines += ["", *notes, "", "## Mining", "",
+              f"{mining['states']} reference steps replayed: {mining['critical']} critical "
+              f"({_pct(mining['critical_share'])}; replay accuracy < tau = {mining['tau']:g}), {mining['routine']} "
+              "routine.", "", "| failure mode | critical states | share |", "|---|---|---|"]
+    lines += [f"| {m['mode']} | {m['states']} | {_pct(m['share'])} |" for m in mining["failure_modes"]] or [
+        "| (none) | 0 | — |"]
+    return "\n".join(lines) + "\n"
+
+
+def run(config, workdir: pathlib.Path) -> dict:
+    """Runs the variants, then writes <workdir>/demo_table.{json,md} and prints the markdown; returns the table."""
+    workdir = pathlib.Path(workdir)
+    records = run_variants(config, workdir)
+    table = build_table(config, workdir)
+    table["variants"] = {name: [{k: r[k] for k in ("stage", "ran", "reason")} for r in recs]
+                         for name, recs in records.items()}
+    text = markdown(table)
+    (workdir / f"{NAME}.json").write_text(json.dumps(table, indent=2))
+    (workdir / f"{NAME}.md").write_text(text)
+    print(text, flush=True)
+    return table

@@ -1,0 +1,230 @@
+"""The `table` stage: RMSWeb's table from the stores and reports, every figure recomputed here from the stores
+themselves; the variants (plain collection, first-attempt SFT, ablations) run in sub-workdirs under their own
+manifests. Fast: the policy table on stores written with StoreWriter. Slow: the micro pipeline
+collect -> sft -> mine -> salvage -> eval -> table in Chromium, then its rerun."""
+import json
+import pathlib
+
+import pytest
+
+from configs.common import base_config
+from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store_fixture import retry_group
+from rmsweb_jax.evaluate.stats import mcnemar_exact, paired_bootstrap_interval, wilson_interval
+from rmsweb_jax.main import STAGES, run_stages
+from rmsweb_jax.stages import manifest, table
+from tests.stages.micro_pipeline import micro_pipeline_config
+
+TASKS = ("t0", "t1", "t2", "t3")
+SEEDS = range(5)
+PAIRS = {(t, s) for t in TASKS for s in SEEDS}
+
+
+def _write(path: pathlib.Path, solved: set, steps: int, policy: str) -> str:
+    with StoreWriter(path, flush_every_tasks=4, policy=policy) as store:
+        for task, seed in sorted(PAIRS):
+            store.add_group(retry_group(task, seed, solved_at=1 if (task, seed) in solved else None, attempts=1,
+                                        steps=steps, policy=policy))
+    return str(path)
+
+
+def test_the_policy_rows_compare_each_row_with_the_reflection_sft_on_the_same_pairs(tmp_path):
+    base = {(t, 0) for t in TASKS} | {("t0", 1)}                     # 5 of 20
+    first = (base - {("t0", 1)}) | {("t1", 1)}                       # as many, one pair swapped
+    stores = {"sft_first": _write(tmp_path / "first", first, 3, "first"),
+              "sft": _write(tmp_path / "sft", base, 2, "sft"),
+              "rmsweb": _write(tmp_path / "rmsweb", PAIRS, 4, "rmsweb")}  # solves every pair
+    policies = [{"key": k, "row": table.ROWS[k], "id": f"{k}@x", "store_dir": d} for k, d in stores.items()]
+    got = table.policy_rows(policies, PAIRS, bootstrap_samples=2000, seed=3)
+    rows = {r["key"]: r for r in got["rows"]}
+    assert [r["key"] for r in got["rows"]] == ["sft_first", "sft", "rmsweb"] and got["pairs"] == 20
+    assert got["all_solved_pairs"] == 4  # (t*, 0) and nothing else is solved by all three
+    for key, solved, steps in (("sft_first", first, 3), ("sft", base, 2), ("rmsweb", PAIRS, 4)):
+        r = rows[key]
+        assert (r["solved"], r["episodes"], r["success"]) == (len(solved), 20, len(solved) / 20)
+        assert r["ci95"] == list(wilson_interval(len(solved), 20))
+        assert r["mean_steps_all_solved"] == steps  # retry_group: a solving attempt takes `steps` steps
+    assert rows["sft"]["vs_baseline"] is None
+    order = sorted(PAIRS)
+    for key, solved in (("sft_first", first), ("rmsweb", PAIRS)):
+        a, b = [float(k in solved) for k in order], [float(k in base) for k in order]
+        v = rows[key]["vs_baseline"]
+        assert v["difference"] == pytest.approx((sum(a) - sum(b)) / 20)
+        assert v["ci95"] == list(paired_bootstrap_interval(a, b, [t for t, _ in order], samples=2000, seed=3))
+        only_row, only_base = len(solved - base), len(base - solved)
+        assert (v["only_row_solved"], v["only_baseline_solved"]) == (only_row, only_base)
+        assert v["mcnemar_p"] == mcnemar_exact(only_row, only_base)
+    assert rows["rmsweb"]["vs_baseline"]["ci95"][0] > 0 and rows["sft_first"]["vs_baseline"]["ci95"][0] < 0
+    text = table.markdown({"collection": {"collector": table.TEACHER_LABEL, "attempts_k": 2, "success_rule": "solved",
+                                          "plain": {"groups": 20, "success_at_1": 0.5, "success_at_le_K": 0.6,
+                                                    "mean_steps_solved": 2.0},
+                                          "reflection": {"groups": 20, "success_at_1": 0.5, "success_at_le_K": 0.7,
+                                                         "mean_steps_solved": None}},
+                           "policies": got, "mining": {"states": 3, "critical": 2, "routine": 1, "critical_share": 2 / 3,
+                                                       "tau": 0.5, "failure_modes": [
+                                                           {"mode": "wrong_target", "states": 2, "share": 1.0}]}})
+    assert "- RMSWeb (SFT + mining + Salvage-DS): +75.0 pts vs SFT (reflection-collected data); the paired " \
+           "interval excludes 0." in text
+    assert "- SFT (first-attempt data): +0.0 pts vs SFT (reflection-collected data); the paired interval includes " \
+           "0: a difference is not shown at this scale." in text
+    assert "| SFT (reflection-collected data) | 5 / 20 | 25.0% |" in text and "| wrong_target | 2 | 100.0% |" in text
+    assert "| plain (no reflection, randomness re-drawn) | 50.0% | 60.0% | 2.00 |" in text
+
+
+def test_the_variants_change_only_their_fields_and_link_the_main_stages_they_read(tmp_path):
+    config = base_config()
+    assert STAGES["table"] == "table" and config.ablations is False
+    names = list(table.variants(config, tmp_path))
+    assert names == ["plain_collect", "sft_first"]
+    config.ablations, config.collect.viewer = True, True
+    got = table.variants(config, tmp_path)
+    assert list(got) == ["plain_collect", "sft_first", *(a[0] for a in table.ABLATIONS), "rl_all_states"]
+    plain, _ = got["plain_collect"]
+    assert plain.stages == ("collect",) and plain.collect.retry_mode == "plain"
+    changed = manifest.changed_fields(manifest.config_fields(config, ["collect"]),
+                                      manifest.config_fields(plain, ["collect"]))
+    assert [c.split(" ")[0] for c in changed] == ["collect.retry_mode", "collect.viewer"]
+    first, links = got["sft_first"]
+    assert first.data.attempts == "first" and first.eval.policies == "sft" and links == {
+        "collect": ("store", tmp_path / "store")}
+    for name, _, field, value in table.ABLATIONS:
+        c, links = got[name]
+        assert c.stages == ("salvage", "eval") and c.salvage[field] == value and set(links) == {"sft", "mine"}
+        assert manifest.changed_fields(config.salvage.to_dict(), c.salvage.to_dict())[0].startswith(field)
+    every, links = got["rl_all_states"]
+    assert every.stages == ("mine", "salvage", "eval") and set(links) == {"sft"} and every.mine.tau == 1.0
+    assert every.train.optimizer.total_steps == config.train.optimizer.total_steps  # same number of updates
+
+
+def _config():
+    # the micro pipeline with the table, and K = 2 so that plain and reflection retries differ
+    c = micro_pipeline_config()
+    c.stages = ("collect", "sft", "mine", "salvage", "eval", "table")
+    c.collect.attempts = 2
+    return c
+
+
+def _ran(workdir: pathlib.Path) -> dict[str, bool]:
+    return {r["stage"]: r["ran"] for r in json.loads((workdir / "stages.json").read_text())}
+
+
+def _collection(store: pathlib.Path) -> dict:
+    with TrajectoryStore(store) as reader:
+        groups, mode = reader.groups(), reader.retry_mode
+    wins = [next(t for t in g if t.success) for g in groups.values() if any(t.success for t in g)]
+    return {"retry_mode": mode, "groups": len(groups), "success_at_1": sum(g[0].success for g in groups.values())
+            / len(groups), "success_at_le_K": len(wins) / len(groups),
+            "mean_steps_solved": sum(t.num_steps for t in wins) / len(wins) if wins else None}
+
+
+def _episodes(store: str) -> dict:
+    with TrajectoryStore(store) as reader:
+        return {k: g[0] for k, g in reader.groups().items() if g[0].attempt == 1}
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_micro_pipeline_prints_the_table_every_figure_from_the_stores_and_a_rerun_skips(tmp_path, capsys):
+    config = _config()
+    run_stages(config, tmp_path)
+    out = capsys.readouterr().out
+    assert _ran(tmp_path) == dict.fromkeys(config.stages, True)
+    got = json.loads((tmp_path / "demo_table.json").read_text())
+    md = (tmp_path / "demo_table.md").read_text()
+    assert md in out  # printed as written
+
+    # The variants: their own sub-workdirs, manifests and links to the main stages they read.
+    variants = tmp_path / "variants"
+    assert sorted(p.name for p in variants.iterdir()) == ["plain_collect", "sft_first"]
+    assert _ran(variants / "plain_collect") == {"collect": True}
+    assert _ran(variants / "sft_first") == {"sft": True, "eval": True}
+    plain = manifest.read_manifest(variants / "plain_collect", "collect")
+    assert plain["complete"] and plain["config"]["collect"]["retry_mode"] == "plain"
+    assert plain["config"]["collect"]["num_seeds"] == 2 and plain["config"]["collect"]["attempts"] == 2
+    first = manifest.read_manifest(variants / "sft_first", "sft")
+    assert first["complete"] and first["config"]["data"]["attempts"] == "first"
+    assert first["inputs"] == {"collect": manifest.manifest_digest(tmp_path, "collect")}  # the main collect
+    assert (variants / "sft_first" / "store").resolve() == (tmp_path / "store").resolve()
+    assert manifest.read_manifest(variants / "sft_first", "eval")["inputs"] == {
+        "sft": manifest.manifest_digest(variants / "sft_first", "sft")}
+    assert json.loads((variants / "sft_first" / "sft" / "split.json").read_text())["attempts"] == "first"
+    assert {r["stage"]: r["ran"] for r in got["variants"]["sft_first"]} == {"sft": True, "eval": True}
+
+    # Collection: both stores, recomputed.
+    col = got["collection"]
+    assert col["collector"] == "scripted collector with injected mistakes" and col["attempts_k"] == 2
+    for key, store, mode in (("plain", variants / "plain_collect" / "store", "plain"),
+                             ("reflection", tmp_path / "store", "reflection")):
+        mine = _collection(store)
+        assert mine["retry_mode"] == mode and col[key]["groups"] == mine["groups"] == 4
+        for fig in ("success_at_1", "success_at_le_K", "mean_steps_solved"):
+            assert col[key][fig] == pytest.approx(mine[fig], abs=1e-4), (key, fig)
+
+    # Policies: the three rows' stores, the held-out pairs, every figure recomputed.
+    pol = got["policies"]
+    pairs = sorted((f"miniwob.{t}", 100) for t in ("click-test", "click-button"))
+    assert pol["pairs"] == 2 and pol["baseline"] == "sft"
+    rows = {r["key"]: r for r in pol["rows"]}
+    assert [r["row"] for r in pol["rows"]] == ["SFT (first-attempt data)", "SFT (reflection-collected data)",
+                                               "RMSWeb (SFT + mining + Salvage-DS)"]
+    assert pathlib.Path(rows["sft_first"]["store_dir"]).is_relative_to(variants / "sft_first" / "eval")
+    assert pathlib.Path(rows["sft"]["store_dir"]).parent.name.startswith("sft@")
+    assert pathlib.Path(rows["rmsweb"]["store_dir"]).parent.name.startswith("salvage@")
+    episodes = {k: _episodes(r["store_dir"]) for k, r in rows.items()}
+    assert all(sorted(e) == pairs for e in episodes.values()), {k: sorted(e) for k, e in episodes.items()}
+    everyone = [p for p in pairs if all(e[p].success for e in episodes.values())]
+    assert pol["all_solved_pairs"] == len(everyone)
+    base = [float(episodes["sft"][p].success) for p in pairs]
+    for key, r in rows.items():
+        solved = sum(episodes[key][p].success for p in pairs)
+        assert (r["solved"], r["episodes"], r["ci95"]) == (solved, 2, list(wilson_interval(solved, 2)))
+        steps = [episodes[key][p].num_steps for p in everyone]
+        assert r["mean_steps_all_solved"] == (sum(steps) / len(steps) if steps else None)
+        if key == "sft":
+            assert r["vs_baseline"] is None
+            continue
+        mine = [float(episodes[key][p].success) for p in pairs]
+        v = r["vs_baseline"]
+        assert v["difference"] == pytest.approx((sum(mine) - sum(base)) / 2)
+        assert v["ci95"] == list(paired_bootstrap_interval(mine, base, [t for t, _ in pairs], samples=200,
+                                                           seed=config.eval.bootstrap_seed))
+        b, c = sum(x > y for x, y in zip(mine, base)), sum(y > x for x, y in zip(mine, base))
+        assert v["mcnemar_p"] == mcnemar_exact(b, c)
+        shown = v["ci95"][0] > 0 or v["ci95"][1] < 0
+        assert (f"- {r['row']}: " in md) and (("not shown at this scale" in md) or shown)
+
+    # Mining: mine/report.json.
+    report = json.loads((tmp_path / "mine" / "report.json").read_text())
+    mining = got["mining"]
+    assert (mining["states"], mining["critical"], mining["routine"]) == (report["states"], report["critical"],
+                                                                        report["routine"])
+    assert {m["mode"]: m["states"] for m in mining["failure_modes"]} == {m: n for m, n in
+                                                                         report["failure_modes"].items() if n}
+    assert all(m["share"] == pytest.approx(m["states"] / report["critical"]) for m in mining["failure_modes"])
+    for header in ("| retries | success@1 | success@≤2 | mean steps (solved) |",
+                   "| policy | solved / episodes | success | 95% CI | mean steps (all solved) | difference vs SFT "
+                   "(reflection) | 95% CI (paired) | McNemar p |", "| failure mode | critical states | share |"):
+        assert header in md
+
+    # A rerun redoes nothing; the table forced to rerun finds every variant stage up to date.
+    capsys.readouterr()
+    run_stages(config, tmp_path)
+    assert _ran(tmp_path) == dict.fromkeys(config.stages, False)
+    assert "[table] skipped: up to date" in capsys.readouterr().out
+    config.rerun = "table"
+    run_stages(config, tmp_path)
+    out = capsys.readouterr().out
+    assert _ran(tmp_path) == {**dict.fromkeys(config.stages, False), "table": True}
+    assert "[plain_collect/collect] skipped: up to date" in out and "[sft_first/eval] skipped: up to date" in out
+    assert _ran(variants / "sft_first") == {"sft": False, "eval": False}
+    again = json.loads((tmp_path / "demo_table.json").read_text())
+    assert {k: v for k, v in again.items() if k != "variants"} == {k: v for k, v in got.items() if k != "variants"}
+
+    # A main stage that reruns reruns the variant stages that read it (through the copied manifest), and only those.
+    config.rerun = "collect"
+    run_stages(config, tmp_path)
+    assert _ran(tmp_path) == dict.fromkeys(config.stages, True)
+    assert _ran(variants / "plain_collect") == {"collect": False} and _ran(variants / "sft_first") == {
+        "sft": True, "eval": True}
+    assert json.loads((variants / "sft_first" / "stages.json").read_text())[0]["reason"].startswith(
+        "input stage collect reran")

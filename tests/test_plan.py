@@ -1,0 +1,170 @@
+"""The memory planner (rmsweb_jax/plan/) against the real sharded arrays and XLA's compiled memory analysis of
+a small model on the 8 host CPU devices of tests/conftest.py, and the 8B / 32B presets it sizes."""
+import dataclasses
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from rmsweb_jax.errors import UserError
+from rmsweb_jax.models import qwen3_vl, sharding
+from rmsweb_jax.models.qwen3_vl.config import RuntimeOptions, tiny
+from rmsweb_jax.plan import chips, memory
+from rmsweb_jax.plan.planner import plan
+from rmsweb_jax.train import batch as batch_lib
+from rmsweb_jax.train.loss import make_sft_loss
+from rmsweb_jax.train.optimizer import OptimizerConfig, make_optimizer
+from rmsweb_jax.train.step import ModelParts, TrainStep, init_train_state, param_shardings, train_state_shardings
+from rmsweb_jax.train.synthetic_batches import random_examples
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "configs"))
+from common import base_config  # noqa: E402
+
+PRESETS = [f"qwen3_vl_{size}_{stage}:{chip}" for size in ("8b", "32b") for stage in ("sft", "salvage")
+           for chip in ("v5p", "v6e")]
+
+
+def _small_config(mesh_shape, remat):
+    """Returns a config of a small model (4 layers of 128, 1024-token vocabulary) on `mesh_shape`."""
+    c = base_config()
+    c.mesh.shape = mesh_shape
+    c.model.remat_policy = remat
+    c.model.attention_impl = "xla"
+    c.train.batch_size = 16
+    c.train.optimizer.weight_decay = 0.01
+    return c
+
+
+def _small_model():
+    return tiny(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                vocab_size=1024)
+
+
+def _real_state(config, model_config):
+    mesh = sharding.make_mesh(config.mesh.shape)
+    runtime = RuntimeOptions(remat_policy=config.model.remat_policy, attention_impl="xla")
+    model = qwen3_vl.create(model_config, runtime, mesh=mesh)
+    parts = ModelParts.split(model)
+    tx = make_optimizer(OptimizerConfig.from_config(config.train.optimizer))
+    p_sh = param_shardings(model, mesh)
+    shardings = train_state_shardings(parts.params, tx, mesh, p_sh)
+    return mesh, parts, tx, p_sh, shardings, init_train_state(parts.params, tx, 0, shardings)
+
+
+def _device_bytes(tree, device) -> int:
+    return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device == device)
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2, 2), pytest.param((1, 8, 1), marks=pytest.mark.slow),
+                                        pytest.param((1, 2, 4), marks=pytest.mark.slow)])
+def test_parameter_and_optimizer_bytes_per_device_equal_the_real_shards(mesh_shape):
+    config, model_config = _small_config(mesh_shape, "none"), _small_model()
+    *_, state = _real_state(config, model_config)
+    planned = memory.state_bytes(model_config, config, memory.abstract_mesh(memory.mesh_shape(mesh_shape, 8)))
+    for device in jax.devices():
+        assert _device_bytes(state.params, device) == planned["params"]
+        assert _device_bytes(state.opt_state, device) == planned["optimizer"]
+        assert _device_bytes(state.params["text"], device) == planned["text_params"]
+
+
+def _compiled_temp_bytes(config, model_config, rows: int, seq_len: int) -> int:
+    mesh, parts, tx, p_sh, shardings, state = _real_state(config, model_config)
+    step = TrainStep(parts._replace(params=None), make_sft_loss("chunked"), tx, mesh=mesh, p_shardings=p_sh,
+                     shardings=shardings)
+    examples = random_examples(model_config, count=rows, seq_len=seq_len)
+    host = {k: np.stack([e[k] for e in examples]) for k in examples[0]}
+    batch = batch_lib.prepare_batch(host, model_config, 1, rows=rows, mesh=mesh)
+    placed = batch_lib.to_global(batch, batch_lib.batch_shardings(batch, mesh, sharding.DEFAULT_RULES))
+    return step.jitted(placed).lower(state, placed).compile().memory_analysis().temp_size_in_bytes
+
+
+def _planned_temp_bytes(config, model_config, rows: int, seq_len: int) -> int:
+    mesh = memory.abstract_mesh(memory.mesh_shape(config.mesh.shape, 8))
+    state = memory.state_bytes(model_config, config, mesh)
+    runtime = dataclasses.replace(memory.runtime_for(config, "cpu", seq_len), param_dtype="float32")
+    local = memory.local_model_config(model_config, mesh, sharding.DEFAULT_RULES)
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    return state["params"] + memory.activation_bytes(local, runtime, rows // dp, seq_len, 0)
+
+
+@pytest.mark.parametrize("mesh_shape,remat", [
+    ((1, 8, 1), "full"),
+    pytest.param((2, 2, 2), "none", marks=pytest.mark.slow),
+    pytest.param((2, 2, 2), "dots_with_no_batch_dims", marks=pytest.mark.slow),
+    pytest.param((1, 4, 2), "save_attention_out", marks=pytest.mark.slow),
+])
+def test_step_temporaries_within_25_percent_of_xla_memory_analysis(mesh_shape, remat):
+    config, model_config = _small_config(mesh_shape, remat), _small_model()
+    compiled = _compiled_temp_bytes(config, model_config, rows=16, seq_len=256)
+    planned = _planned_temp_bytes(config, model_config, rows=16, seq_len=256)
+    assert abs(planned - compiled) <= 0.25 * compiled, (planned, compiled)
+
+
+def _preset(name: str):
+    file, arg = name.split(":")
+    spec = importlib.util.spec_from_file_location(file, REPO / "configs" / f"{file}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+@pytest.mark.parametrize("name", [p if p == "qwen3_vl_8b_salvage:v6e" else pytest.param(p, marks=pytest.mark.slow)
+                                  for p in PRESETS])
+def test_every_preset_fits_its_slice(name):
+    config = _preset(name)
+    result = plan(config, chip_name=config.plan.chip, topology=config.plan.topology, mfu=0.4, usable_fraction=0.9,
+                  config_name=name)
+    result.check_fits()  # raises with the figures
+    assert result.devices == {"v5p-64": 32, "v5p-128": 64, "v6e-64": 64}[config.plan.topology]
+    train = [s for s in result.stages if s.stage in ("sft", "salvage")]
+    assert train and all(s.activations > 0 and s.gradients > 0 and s.flops > 0 for s in train)
+    if "salvage" in name:
+        assert [s.stage for s in result.stages] == ["mine", "salvage"]
+        assert all(s.kv_cache > 0 for s in result.stages)
+
+
+def test_an_oversize_config_is_refused_with_its_figures():
+    # The v6e 8B preset on 8 chips instead of 64: the fp32 state alone is 16 GB a chip.
+    config = _preset("qwen3_vl_8b_sft:v6e")
+    result = plan(config, chip_name="v6e", topology="v6e-8", mfu=0.4, usable_fraction=0.9, config_name="oversize")
+    assert not result.fits() and " NO " in result.table()
+    sft = result.stages[0]
+    # fp32 weights over fsdp 1 x tensor 8 (the vision tower's 27 x 1152 blocks partly replicated), AdamW's two
+    # moments like them, and with 8 microbatches a gradient accumulator beside each microbatch's gradients.
+    assert result.parameters * 4 / 8 <= sft.params <= 1.01 * result.parameters * 4 / 8
+    assert 0 <= sft.optimizer - 2 * sft.params <= 64  # + the schedule's step counts
+    assert sft.gradients == 2 * sft.params
+    with pytest.raises(UserError, match=r"oversize: stage sft needs [0-9.]+ GiB per device \(params 4.10, optimizer "
+                                        r"8.20, gradients 8.20, activations [0-9.]+, .*\) but a v6e gives 26.82 GiB"):
+        result.check_fits()
+
+
+@pytest.mark.slow
+def test_the_command_line_prints_the_table_and_exits_2_when_it_does_not_fit():
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    out = subprocess.run([sys.executable, "-m", "rmsweb_jax.plan", "--config=configs/qwen3_vl_8b_sft.py:v6e",
+                          "--topology=v6e-8"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr[-3000:]
+    assert "configs/qwen3_vl_8b_sft.py:v6e on 8 x v6e" in out.stdout
+    assert " NO " in out.stdout
+    assert "stage sft needs" in out.stderr and "but a v6e gives 26.82 GiB (90% of 29.8)" in out.stderr
+
+
+def test_topologies_and_chips():
+    assert chips.device_count(chips.chip("v5p"), "v5p-64") == 32
+    assert chips.device_count(chips.chip("v6e"), "v6e-16") == 16
+    assert chips.device_count(chips.chip("v5e"), "v5litepod-8") == 8
+    assert chips.device_count(chips.chip("v5p"), "4x4x4") == 64
+    assert chips.device_count(chips.chip("h200"), "8") == 8
+    with pytest.raises(UserError, match="names a v6e slice but --chip='v5p'"):
+        chips.device_count(chips.chip("v5p"), "v6e-8")
+    with pytest.raises(UserError, match="unknown chip"):
+        chips.chip("v7x")
+    with pytest.raises(UserError, match=r"config.mesh.shape = \(1, -1, 3\): 32 devices are not divisible by 3"):
+        memory.mesh_shape((1, -1, 3), 32)

@@ -1,8 +1,10 @@
-"""Helpers for judge tests: screenshots drawn with PIL, attempts built from real tasks, and a
-scripted chat callable standing in for the external judge model."""
+"""Helpers for judge tests: screenshots drawn with PIL, attempts built from real tasks, a
+scripted chat callable standing in for the external judge model, and the JSON reply of the
+OpenAI-compatible test servers."""
 from __future__ import annotations
 
 import io
+import json
 import threading
 from typing import Callable
 
@@ -75,3 +77,13 @@ class ScriptedChat:
         with self._lock:
             self.calls.append(messages)
         return self.reply(messages)
+
+
+def send_json(handler, payload: dict) -> None:
+    """Writes `payload` as the 200 JSON response of an http.server request handler."""
+    data = json.dumps(payload).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)

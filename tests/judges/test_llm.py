@@ -12,7 +12,7 @@ from rmsweb_jax.judges.llm import (action_history, describe_action, image_bytes,
                                    trajectory_screenshots)
 from rmsweb_jax.web.action_text import format_action
 from rmsweb_jax.web.actions import Action
-from tests.judges.helpers import ScriptedChat, make_attempt, screenshot, screenshot_index
+from tests.judges.helpers import ScriptedChat, make_attempt, screenshot, screenshot_index, send_json
 
 
 def test_image_part_round_trips_png():
@@ -85,12 +85,7 @@ class _CompletionHandler(http.server.BaseHTTPRequestHandler):
         type(self).requests.append(body)
         reply = {"choices": [{"message": {"role": "assistant", "content": "Looks right.\n\nSUCCESS"},
                               "finish_reason": "stop"}], "usage": {"prompt_tokens": 900, "completion_tokens": 5}}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, reply)
 
     def log_message(self, *args):
         pass

@@ -12,7 +12,7 @@ from rmsweb_jax.agents.chat_client import ChatClient
 from rmsweb_jax.judges import WebJudge, WebTailBenchJudge, WebVoyagerJudge, chat_from_client
 from rmsweb_jax.judges.base import Verdict
 from rmsweb_jax.judges.llm import ChatSession, JudgeFailure
-from tests.judges.helpers import ScriptedChat, make_attempt
+from tests.judges.helpers import ScriptedChat, make_attempt, send_json
 from tests.judges.test_webjudge import scripted_judge
 from tests.judges.test_webtailbench import reply_for
 
@@ -30,14 +30,9 @@ class _Endpoint(http.server.BaseHTTPRequestHandler):
                  body["max_tokens"] if cut else len(text.split()) + 3)
         with self.server.lock:
             self.server.usages.append(usage)
-        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": "" if cut else text},
-                                        "finish_reason": "length" if cut else "stop"}],
-                           "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1]}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, {"choices": [{"message": {"role": "assistant", "content": "" if cut else text},
+                                      "finish_reason": "length" if cut else "stop"}],
+                         "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1]}})
 
     def log_message(self, *args):
         pass

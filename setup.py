@@ -25,8 +25,10 @@ INSTALL_REQUIRES = [
 
 EXTRAS = {
     # torch is only the test-time reference (transformers' Qwen3-VL); 2.13.0 is the CPU build on disk.
-    # import-linter: `lint-imports` checks the layer contract in .importlinter; nbformat validates the Colab notebook.
-    "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0", "import-linter", "nbformat"],
+    # import-linter: `lint-imports` checks the layer contract in .importlinter; nbformat validates the Colab notebook,
+    # nbclient + ipykernel execute it top to bottom (tests/launch/test_colab_notebook.py).
+    "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0", "import-linter", "nbformat", "nbclient",
+             "ipykernel"],
     "gpu": ["jax[cuda12]"],
     "tpu": ["jax[tpu]"],
 }

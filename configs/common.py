@@ -234,6 +234,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.salvage.loss.aggregation = "token_mean"  # token_mean | sequence_mean_token_mean
     c.salvage.loss.kl_beta = 0.0          # k3 KL to the frozen SFT policy; 0 = off (no reference forward pass)
     c.salvage.loss.anchor_weight = 0.1    # lambda: weight of the action-only anchor NLL on anchor rows
+    # Salvage-DS's own values over config.train (which the sft stage reads); 0 (or -1) = config.train's value.
+    c.salvage.train = ml_collections.ConfigDict()
+    c.salvage.train.batch_size = 0        # rows per update: >= B x G policy rows; what is left holds anchor rows
+    c.salvage.train.total_steps = 0       # updates (config.train.optimizer.total_steps)
+    c.salvage.train.lr = 0.0              # peak learning rate (config.train.optimizer.lr)
+    c.salvage.train.warmup_steps = -1     # (config.train.optimizer.warmup_steps)
+    c.salvage.train.end_lr_fraction = -1.0  # (config.train.optimizer.end_lr_fraction)
     return c
 
 

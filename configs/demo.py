@@ -1,17 +1,27 @@
-"""The demo: a toy-scale policy that learns, trained from scratch on 2 CPU cores in minutes.
+"""The demo: RMSWeb's recipe end to end at toy scale, a policy trained from scratch on 2 CPU cores in minutes.
 
     python -m rmsweb_jax.main --config=configs/demo.py --workdir=/tmp/rmsweb_demo
+    python -m rmsweb_jax.main --config=configs/demo.py:1 ...   # run seed 1 (model init, data order, sampling,
+                                                               # the collector's draws and its training seeds)
 
-Stages: `model` (the `random:demo` preset: Qwen3-VL's architecture at 355k parameters, the agent
-BPE tokenizer written with it, one multimodal generation), `collect` (MiniWoB++ with the
-ScriptedTeacher — a scripted stand-in for an LLM collector, a few injected mistakes — over
-DEMO_TASKS x num_seeds seeds, K=2 attempts, into workdir/store), `sft` (the demo model trained on
-the store's successful steps, prompts that show the page as an element list in the action's own
-0-1000 grid with a compact system prompt; workdir/sft/) and `eval` (the SFT policy and, as a reference
-row, the scripted collector play held-out seeds — disjoint from the collected ones — in the browser,
-one attempt, no reflection; success per task with 95% Wilson intervals, the paired comparison, the
-trajectory viewer: workdir/eval/).
-A toy-scale policy trained on a scripted collector's data: see README's demo section for figures.
+Stages, each in its own folder of the workdir with a manifest (a rerun skips what is done):
+- `model`: the `random:demo` preset (Qwen3-VL's architecture at 355k parameters, the agent BPE tokenizer
+  written with it, one multimodal generation);
+- `collect`: MiniWoB++ with the ScriptedTeacher (a scripted stand-in for an LLM collector with injected
+  mistakes, not a result) over DEMO_TASKS x num_seeds seeds, K=2 attempts with reflection-conditioned retries,
+  into workdir/store;
+- `sft`: the demo model trained on the store's successful steps, prompts that show the page as an element list
+  in the action's own 0-1000 grid with a compact system prompt (workdir/sft/);
+- `mine`: the SFT policy replays the reference steps (K samples each): critical states (replay accuracy below
+  tau) and a share of routine ones, with failure modes (workdir/mine/);
+- `salvage`: Salvage-DS on the mined states: polarized action-semantic reward, contrast-and-competence gates,
+  action-only anchor (workdir/salvage/);
+- `eval`: the SFT policy, the RMSWeb policy and, as a reference row, the scripted collector play held-out seeds
+  (disjoint from the collected ones) in the browser, one attempt, no reflection: success per task with 95%
+  Wilson intervals, paired comparisons, the trajectory viewer (workdir/eval/);
+- `table`: the rows the main stages do not give run as variants (workdir/variants/: collection with plain
+  retries, SFT on first-attempt data), then RMSWeb's table: workdir/demo_table.{md,json}.
+A toy-scale run on a scripted collector's data: see README's demo section for figures and what they show.
 """
 import os
 import sys
@@ -25,8 +35,17 @@ DEMO_TASKS = ("click-dialog", "click-dialog-2", "focus-text", "focus-text-2", "c
 
 
 def get_config(arg=None):
+    """`arg`: the run seed (default 0), e.g. --config=configs/demo.py:2."""
+    try:
+        run_seed = int(arg) if arg not in (None, "") else 0
+    except ValueError:
+        raise ValueError(f"configs/demo.py:{arg}: the argument is the run seed, an integer such as 0, 1 or 2") from None
+    if not 0 <= run_seed < 100:
+        raise ValueError(f"configs/demo.py:{arg}: the run seed must be in 0..99 (its training seeds start at "
+                         "1000 x seed, below the held-out seeds at 100000)")
     c = base_config()
-    c.stages = ("model", "collect", "sft", "eval")
+    c.stages = ("model", "collect", "sft", "mine", "salvage", "eval", "table")
+    c.seed = run_seed
     c.model.init = "random:demo"
     c.model.scan_layers = False           # 4 layers: a Python loop is faster per step, compiles in seconds
 
@@ -39,14 +58,19 @@ def get_config(arg=None):
 
     c.collect.policy = "teacher"
     c.collect.tasks = ",".join(DEMO_TASKS)
-    c.collect.first_seed = 0
-    c.collect.num_seeds = 550
+    c.collect.first_seed = 1000 * run_seed
+    c.collect.num_seeds = 300
     c.collect.attempts = 2
     c.collect.workers = 2
     c.collect.max_steps = 8
-    c.collect.teacher.wrong_element_p = 0.03
-    c.collect.teacher.detour_p = 0.03
-    c.collect.teacher.early_stop_p = 0.02
+    # Mistake rates high enough that a first attempt often fails (about 1 in 4 on these 1-3 step tasks), so
+    # that plain retries (fresh mistakes) and reflection-conditioned retries (the named mistakes avoided)
+    # differ in the table, and first-attempt data is visibly smaller. Detours (wasted steps that still
+    # succeed, so they are trained on) stay rare.
+    c.collect.teacher.seed = run_seed
+    c.collect.teacher.wrong_element_p = 0.25
+    c.collect.teacher.detour_p = 0.05
+    c.collect.teacher.early_stop_p = 0.10
     c.collect.flush_every_tasks = 64
     c.collect.progress = False
 
@@ -61,13 +85,30 @@ def get_config(arg=None):
     c.train.export_hf = True
     c.train.optimizer.lr = 3e-3
     c.train.optimizer.warmup_steps = 20
-    c.train.optimizer.total_steps = 1300
+    c.train.optimizer.total_steps = 600   # two SFT runs (reflection-collected and first-attempt data) fit 20 min
     c.train.optimizer.end_lr_fraction = 0.05
     c.train.optimizer.weight_decay = 0.01
-    c.train.checkpoint.every_steps = 500
+    c.train.checkpoint.every_steps = 300
     c.train.metrics.every_steps = 50
 
-    c.eval.policies = "sft,teacher"       # the teacher row: the scripted collector's attempt 1, a reference
+    # Mining: K=8 replays of up to 200 reference steps; critical below tau 0.5, a fifth routine states.
+    c.mine.samples = 8
+    c.mine.max_states = 200
+    c.mine.max_new_tokens = 96
+    # Salvage-DS: B=2 groups of G=8 per update; 24 rows, so up to 8 rejected groups learn through the anchor.
+    c.salvage.group_size = 8
+    c.salvage.groups_per_step = 2
+    c.salvage.max_draws_per_step = 16
+    c.salvage.max_new_tokens = 96
+    c.salvage.sample_batch = 16
+    c.salvage.train.batch_size = 24
+    c.salvage.train.total_steps = 30
+    c.salvage.train.lr = 1e-4
+    c.salvage.train.warmup_steps = 3
+    c.salvage.train.end_lr_fraction = 0.05
+
+    # The teacher row: the scripted collector's attempt 1 on the same held-out seeds, a reference.
+    c.eval.policies = "sft,salvage,teacher"
     c.eval.first_seed = 100_000
     c.eval.num_seeds = 30
     c.eval.max_steps = 6

@@ -23,7 +23,8 @@ Required for a run:
   --zone=ZONE             e.g. us-west4-a (v5e), us-east5-a (v5p)
   --accelerator=TYPE      v5litepod-8 (v5e, one host), v5litepod-16 (multi-host), v5p-8, v5p-32, v6e-8 ...
   --config=PATH[:ARG]     config file relative to the repo root, e.g. configs/qwen3_vl_8b.py
-  --workdir=DIR           absolute path on the workers (or a gcsfuse mount); see the note on gs:// below
+  --workdir=DIR           absolute path on the workers; on a multi-host slice a folder every worker mounts
+                          (a bucket through gcsfuse, with --shared-workdir; see below)
 
 Options:
   --project=ID            GCP project (default: gcloud's configured project)
@@ -42,6 +43,8 @@ Options:
   --no-constraints        pip install without -c constraints.txt (the CPU-tested pins; on by default)
   --skip-setup            reuse the installed venv: only ship the code (and checkpoint) and run
   --detach                start the run in the background and return; follow it with --logs
+  --shared-workdir        --workdir on a multi-host slice is a folder every worker mounts at the same
+                          path (gcsfuse, NFS), not each worker's own disk
   --internal-ip           ssh/scp over internal IPs (from a VM inside the VPC)
   --yes                   no confirmation prompt for --delete
   --dry-run               print every command (and the generated env.sh) instead of running anything
@@ -51,9 +54,15 @@ Everything after `--` is passed to rmsweb_jax.main unchanged (config overrides, 
 Foreground runs stream every worker's output prefixed [wN]; Ctrl-C stops the streaming, not the run.
 Multi-worker ssh needs your key in ssh-agent: ssh-add ~/.ssh/google_compute_engine
 
-Note on gs:// workdirs: Orbax and TensorBoard write gs:// paths, but rmsweb_jax.main still creates the
-workdir with pathlib, which would turn gs://b/run into a local folder "gs:/b/run"; until it does not,
-use a local path or a bucket mounted with gcsfuse at the same path on every worker.
+Multi-host slices (a type numbered past 8: v5litepod-16, v5p-16, v6e-16, v4-16 and up) need one
+workdir that every worker sees, in practice a bucket. All workers save each Orbax checkpoint together,
+each writing its own shards into the same directory, and resume from it; on each worker's own disk
+each would hold a partial checkpoint that no worker can restore, and the store, metrics and reports
+would be split across hosts. rmsweb_jax.main writes local paths (a gs:// workdir is refused until the
+storage layer lands), so mount the bucket with gcsfuse at the same path on every worker
+(gcsfuse --implicit-dirs BUCKET /mnt/BUCKET) and pass --workdir=/mnt/BUCKET/runs/NAME --shared-workdir.
+The workers reach the bucket with the TPU VM's service account (created with the cloud-platform
+scope); keep the bucket in the slice's region.
 EOF
 }
 
@@ -81,7 +90,7 @@ run() {
 # ---- arguments -------------------------------------------------------------------------------
 NAME="" ZONE="" ACCELERATOR="" CONFIG="" WORKDIR="" PROJECT="" RUNTIME_VERSION=""
 SPOT=0 QUEUED=0 WAIT_MINUTES=120 REPO_URL="" REF="main" CHECKPOINT="" CHECKPOINT_ROOT="/tmp/rmsweb_checkpoints"
-PYTHON="python3.11" CONSTRAINTS=1 SKIP_SETUP=0 DETACH=0 INTERNAL_IP=0 YES=0 DRY_RUN=0 ACTION="launch" LOG_WORKER=0
+PYTHON="python3.11" CONSTRAINTS=1 SKIP_SETUP=0 DETACH=0 SHARED_WORKDIR=0 INTERNAL_IP=0 YES=0 DRY_RUN=0 ACTION="launch" LOG_WORKER=0
 EXPORTS=() MAIN_ARGS=()
 
 set_action() {
@@ -100,6 +109,7 @@ while (($#)); do
     --skip-setup) SKIP_SETUP=1; continue ;;
     --no-constraints) CONSTRAINTS=0; continue ;;
     --detach) DETACH=1; continue ;;
+    --shared-workdir) SHARED_WORKDIR=1; continue ;;
     --internal-ip) INTERNAL_IP=1; continue ;;
     --yes) YES=1; continue ;;
     --dry-run) DRY_RUN=1; continue ;;
@@ -180,10 +190,19 @@ esac
 # ---- a run: check everything before touching the cloud ------------------------------------------
 [[ -n "$ACCELERATOR" ]] || die "--accelerator is required (e.g. --accelerator=v5litepod-8)"
 [[ -n "$CONFIG" ]] || die "--config is required (e.g. --config=configs/qwen3_vl_8b.py)"
-[[ -n "$WORKDIR" ]] || die "--workdir is required (e.g. --workdir=/tmp/runs/8b)"
+[[ -n "$WORKDIR" ]] || die "--workdir is required (e.g. --workdir=/mnt/MY_BUCKET/runs/8b)"
 case "$WORKDIR" in
-  gs://*) warn "--workdir=$WORKDIR: see the note on gs:// workdirs in --help; this run writes locally" ;;
-  /*) ;;
+  gs://*) die "--workdir=$WORKDIR: rmsweb_jax.main writes local paths and refuses a gs:// workdir for now;" \
+    "mount the bucket with gcsfuse at the same path on every worker and pass --workdir=/mnt/BUCKET/... --shared-workdir" ;;
+  /*)
+    # A type numbered past 8 spans several hosts (v5litepod-16: 4 hosts of 4 chips; v5p-16: 2 hosts of 4
+    # chips, v5p counting TensorCores); v5litepod-8, v5p-8, v6e-8 and v4-8 are one host.
+    type_number="${ACCELERATOR##*-}"
+    if [[ "$type_number" =~ ^[0-9]+$ ]] && ((type_number > 8 && SHARED_WORKDIR == 0)); then
+      die "--workdir=$WORKDIR on $ACCELERATOR (multi-host): each worker would write its own copy, and Orbax" \
+        "needs one directory every host sees; mount a bucket with gcsfuse at $WORKDIR on every worker and add --shared-workdir"
+    fi
+    ;;
   *) die "--workdir=$WORKDIR: expected an absolute path (the code folder is replaced on every launch)" ;;
 esac
 if [[ -z "$RUNTIME_VERSION" ]]; then

@@ -14,10 +14,17 @@ Backends (xm_local, the open-source scheduler):
   vertex  a Vertex AI custom job (needs GOOGLE_CLOUD_BUCKET_NAME for staging). Vertex mounts buckets
           at /gcs/BUCKET, which rmsweb_jax.main can use as a plain path for the workdir and checkpoints.
 
-TPU requests (--accelerator=tpu_v5e --topology=4x4, tpu_v5p 2x2x2, ...) become xm.JobRequirements
-that any xm scheduler understands; xm_local's Vertex backend, though, only knows TPU v2/v3 (xmanager
-0.8.5), so this launcher stops with an error for newer TPUs there: use launch/gcloud_tpu.sh.
-`--dry_run` prints the job without building or launching anything.
+GPU requests on Vertex get the machine type Vertex attaches those GPUs to (--accelerator=h100
+--topology=8: a3-highgpu-8g; h200: a3-ultragpu-8g; a100: a2-highgpu-*; a100_80gb: a2-ultragpu-*), set by
+the launcher because xmanager 0.8.5 maps only A100 40GB itself; a GPU count no such machine has is refused
+with the counts that exist. TPU requests (--accelerator=tpu_v5e --topology=4x4, tpu_v5p 2x2x2, ...)
+become xm.JobRequirements that any xm scheduler understands; xm_local's Vertex backend, though, only
+knows TPU v2/v3, so this launcher stops with an error for newer TPUs there: use launch/gcloud_tpu.sh.
+
+Before anything is built, the config file is loaded as rmsweb_jax.main loads it and every --override is
+parsed against it (ml_collections config_flags): an unknown key is refused with the nearest known keys,
+a value of the wrong type with the type the key holds. `--dry_run` prints the job (and on Vertex the
+machine spec xmanager will submit) without building or launching anything.
 """
 from __future__ import annotations
 
@@ -65,28 +72,37 @@ def main(argv) -> None:
                              "pip install -r launch/requirements-xm.txt")
 
     config_file = REPO_ROOT / _CONFIG.value.split(":", 1)[0]
-    if not config_file.is_file():
-        raise app.UsageError(f"--config={_CONFIG.value}: no file {config_file}")
     acc = xm_job.accelerator(_ACCELERATOR.value)
     try:
         requirements = xm.JobRequirements(**xm_job.requirements_kwargs(_ACCELERATOR.value, _TOPOLOGY.value),
                                           replicas=_REPLICAS.value)
         args = xm_job.job_args(_CONFIG.value, _WORKDIR.value, _OVERRIDE.value)
+        # Loads the config as rmsweb_jax.main will: a misspelt key or a bad value stops here, not in the job.
+        overrides = xm_job.check_overrides(REPO_ROOT, _CONFIG.value, _OVERRIDE.value)
         env = xm_job.job_env(_ACCELERATOR.value, _REPLICAS.value, _ENV.value)
         volumes = xm_job.parse_mounts(_MOUNT.value)
+        vertex = _BACKEND.value == "vertex"
+        machine_type = xm_job.vertex_machine_type(_ACCELERATOR.value, _TOPOLOGY.value) if vertex else None
     except ValueError as e:
         raise app.UsageError(str(e)) from e
-    if _BACKEND.value == "vertex":
+    if vertex:
         if volumes:
             raise app.UsageError("--mount is for --backend=local; on Vertex read /gcs/BUCKET/... paths")
+        if _REPLICAS.value > 1:
+            # xm_local puts a job's replicas in one Vertex worker pool, and Vertex needs the first pool to hold one.
+            raise app.UsageError(f"--replicas={_REPLICAS.value}: xm_local's Vertex backend runs one machine per "
+                                 "job (its first worker pool must have one replica); use one machine of up to 8 "
+                                 "GPUs (16 for a100), or an xm scheduler that places several")
         _check_vertex_supports(requirements)
+        if machine_type:
+            _pin_vertex_machine_type(machine_type)
 
     with tempfile.TemporaryDirectory(prefix="rmsweb_xm_") as staging:
         source = xm_job.stage_source(REPO_ROOT, pathlib.Path(staging))
         use_constraints = _CONSTRAINTS.value and (source / "constraints.txt").is_file()
         steps = xm_job.docker_instructions(acc.extra, with_constraints=use_constraints, with_chromium=_CHROMIUM.value)
         if _DRY_RUN.value:
-            _print_plan(source, steps, requirements, args, env)
+            _print_plan(source, steps, requirements, args, env, overrides)
             return
         executor = _executor(requirements, volumes)
         title = _TITLE.value or f"rmsweb {pathlib.Path(config_file).stem} -> {_WORKDIR.value}"
@@ -104,6 +120,29 @@ def _executor(requirements, volumes):
     return xm_local.Local(requirements=requirements, docker_options=xm_local.DockerOptions(volumes=volumes or None))
 
 
+def _pin_vertex_machine_type(machine_type: str) -> None:
+    """Makes xm_local's Vertex backend ask for `machine_type` (xm_job.ACCELERATORS says why it must)."""
+    from xmanager.cloud import vertex
+    # xmanager has no field for the machine type: its Vertex client asks this module-level function for
+    # the whole machine spec at launch, so the launcher wraps it and keeps its accelerator type and count.
+    xmanager_machine_spec = vertex.get_machine_spec
+
+    def machine_spec(job):
+        return {**xmanager_machine_spec(job), "machine_type": machine_type}
+
+    vertex.get_machine_spec = machine_spec
+
+
+def _vertex_machine_spec(requirements) -> str:
+    """Returns the machine spec xm_local's Vertex backend will submit for these requirements, as text."""
+    from xmanager.cloud import vertex
+    # get_machine_spec reads only the job's executor; the image is not built in a dry run.
+    spec = vertex.get_machine_spec(xm.Job(executable=None, executor=xm_local.Vertex(requirements=requirements)))
+    accelerator = spec.get("accelerator_type")
+    gpus = f" with {spec['accelerator_count']} x {accelerator.name}" if accelerator is not None else ""
+    return f"{spec['machine_type']}{gpus}"
+
+
 def _check_vertex_supports(requirements) -> None:
     """Fails before the image build when xm_local's Vertex backend cannot place the requested TPU."""
     if requirements.accelerator not in xm.TpuType:
@@ -118,10 +157,13 @@ def _check_vertex_supports(requirements) -> None:
             "or use an xm scheduler that places them")
 
 
-def _print_plan(source, steps, requirements, args, env) -> None:
+def _print_plan(source, steps, requirements, args, env, overrides) -> None:
     print(f"backend:      {_BACKEND.value}")
     print(f"mounts:       {_MOUNT.value or '(none)'}")
     print(f"requirements: {requirements!r}")
+    if _BACKEND.value == "vertex":
+        print(f"machine:      {_vertex_machine_spec(requirements)}")
+    print("overrides:    " + (", ".join(f"{k}={v!r}" for k, v in overrides.items()) or "(none)"))
     print(f"source:       {sum(1 for p in source.rglob('*') if p.is_file())} files staged from {REPO_ROOT}")
     print(f"base image:   {_BASE_IMAGE.value}")
     print("docker steps:\n  " + "\n  ".join(steps))

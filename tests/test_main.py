@@ -92,6 +92,16 @@ def test_missing_inputs_exit_2_naming_the_value(tmp_path):
     assert f"no trajectory store at {tmp_path}/store (missing store.json)" in line
 
 
+def test_a_url_workdir_is_refused_before_anything_is_written(tmp_path):
+    line = _one_line_error(subprocess.run(
+        [sys.executable, "-m", "rmsweb_jax.main", f"--config={REPO}/configs/demo.py", "--workdir=gs://bucket/run",
+         "--config.stages=model"], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
+        text=True, timeout=600))
+    assert "--workdir=gs://bucket/run: the stages write local paths, and a gs:// workdir is not supported yet; " \
+           "mount the bucket" in line
+    assert list(tmp_path.iterdir()) == []  # no local folder "gs:/bucket/run"
+
+
 def test_the_traceback_is_kept_on_request(tmp_path):
     args = ("--config.stages=model", f"--config.model.init=hf:{tmp_path}/none")
     proc = _main(*args, env={"RMSWEB_TRACEBACK": "1"}, workdir=tmp_path)
@@ -135,3 +145,24 @@ def test_shipped_configs_are_valid(name):
     runtime_from_config(config.model)  # validates dtypes, remat policy, attention kernel
     sharding.rules_from_config(config.sharding_rules)
     assert config.model.init.startswith(("hf:", "random:"))
+
+
+def test_the_demo_runs_the_whole_recipe_and_its_argument_is_the_run_seed():
+    from rmsweb_jax.stages.salvage import train_config
+    sys.path.insert(0, os.path.join(REPO, "configs"))
+    from demo import get_config
+    config = get_config()
+    assert entry.stage_names(config.stages) == ["model", "collect", "sft", "mine", "salvage", "eval", "table"]
+    assert set(config.eval.policies.split(",")) >= {"sft", "salvage"}  # the table's policy rows
+    # Salvage-DS trains with its own batch, with room for anchor rows beside B x G policy rows.
+    salvage = train_config(config).train
+    assert salvage.batch_size > config.salvage.groups_per_step * config.salvage.group_size
+    assert salvage.optimizer.total_steps < config.train.optimizer.total_steps
+    one, two = get_config("1"), get_config("2")
+    assert (one.seed, one.collect.teacher.seed, one.collect.first_seed) == (1, 1, 1000)
+    assert two.collect.first_seed + two.collect.num_seeds <= config.eval.first_seed  # training seeds stay below
+    assert one.eval.first_seed == config.eval.first_seed  # the same held-out seeds for every run
+    with pytest.raises(ValueError, match=r"configs/demo.py:x: the argument is the run seed"):
+        get_config("x")
+    with pytest.raises(ValueError, match=r"must be in 0..99"):
+        get_config("100")

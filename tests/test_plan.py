@@ -129,6 +129,15 @@ def test_every_preset_fits_its_slice(name):
         assert all(s.kv_cache > 0 for s in result.stages)
 
 
+def test_the_salvage_plan_uses_salvage_s_own_batch():
+    config = _preset("qwen3_vl_8b_salvage:v6e")
+    kwargs = dict(chip_name=config.plan.chip, topology=config.plan.topology, mfu=0.4, usable_fraction=0.9)
+    base = {s.stage: s for s in plan(config, **kwargs).stages}["salvage"]
+    config.salvage.train.batch_size = 2 * config.train.batch_size
+    doubled = {s.stage: s for s in plan(config, **kwargs).stages}["salvage"]
+    assert doubled.flops == pytest.approx(2 * base.flops, rel=1e-6)  # the step's FLOPs scale with its rows
+
+
 def test_an_oversize_config_is_refused_with_its_figures():
     # The v6e 8B preset on 8 chips instead of 64: the fp32 state alone is 16 GB a chip.
     config = _preset("qwen3_vl_8b_sft:v6e")

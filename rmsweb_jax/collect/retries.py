@@ -37,6 +37,10 @@ its group unsolved (no reflection: there was nothing to reflect on).
 
 Success is the judge's verdict; the programmatic judge applies config.collect.success (a
 partial MiniWoB++ reward is a failure under "solved"), and the raw reward is stored beside it.
+
+run() and run_pairs() block until the collection is done, also when called from a thread that
+already runs an event loop (every Jupyter/Colab cell): asyncio.run() refuses that, so the
+collection then runs on an event loop in a thread of its own (web/loop_thread.py run_sync).
 """
 from __future__ import annotations
 
@@ -55,6 +59,7 @@ from rmsweb_jax.collect.records import FAULT_JUDGE, StepRecord, TrajectoryRecord
 from rmsweb_jax.collect.store import PLAIN, RETRY_MODES, StoreWriter, check_policy
 from rmsweb_jax.judges.base import ERROR, Judge, JudgeInput, Verdict
 from rmsweb_jax.web.episode import Episode, EpisodeRequest
+from rmsweb_jax.web.loop_thread import run_sync
 from rmsweb_jax.web.pool import AsyncWorkerPool
 from rmsweb_jax.web.suite import Suite
 from rmsweb_jax.web.worker import WorkerConfig
@@ -138,12 +143,12 @@ class RetryCollector:
 
     def run(self, tasks: Sequence[Any], seeds: Sequence[int]) -> CollectSummary:
         """Returns the summary after every (task, seed) not yet in the store is collected."""
-        return asyncio.run(self.run_async(tasks, seeds))
+        return run_sync(self.run_async(tasks, seeds))
 
     def run_pairs(self, pairs: Sequence[tuple[Any, int]]) -> CollectSummary:
         """Returns the summary after every (task, seed) pair not yet in the store is collected
         (pairs, not tasks x seeds: e.g. the task groups of another store)."""
-        return asyncio.run(self.run_pairs_async(pairs))
+        return run_sync(self.run_pairs_async(pairs))
 
     async def run_async(self, tasks: Sequence[Any], seeds: Sequence[int]) -> CollectSummary:
         """Returns the summary after every (task, seed) not yet in the store is collected."""

@@ -15,6 +15,7 @@ from rmsweb_jax.models import qwen3_vl
 from rmsweb_jax.models.from_config import rules_from_config
 from rmsweb_jax.plan import chips, memory
 from rmsweb_jax.sampling.model_from_config import RANDOM_PRESETS
+from rmsweb_jax.stages.salvage import train_config as salvage_train_config
 from rmsweb_jax.train.batch import check_batch_layout
 from rmsweb_jax.train.metrics import train_flops
 
@@ -155,7 +156,9 @@ def _stage(stage, config, model_config, state, mesh, rules, chip, devices, mfu) 
     grads = acts = kv = extra = 0
     flops = device_flops = 0.0
     if train:
-        batch, micro = int(config.train.batch_size), int(config.train.microbatches)
+        # Salvage-DS trains with config.salvage.train over config.train (its own batch size, e.g.)
+        train_block = salvage_train_config(config).train if stage == "salvage" else config.train
+        batch, micro = int(train_block.batch_size), int(train_block.microbatches)
         try:
             rows = check_batch_layout(batch, micro, mesh)
         except ValueError as err:

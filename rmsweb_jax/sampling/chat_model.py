@@ -119,7 +119,7 @@ class ChatModel:
         from rmsweb_jax.sampling.model_from_config import load_model  # heavy (jax, safetensors); only loaders pay
         from rmsweb_jax.processing.prompt_tokens import load_tokenizer
 
-        cfg = _loading_config(spec, config)
+        cfg = loading_config(spec, config)
         model, checkpoint_dir = load_model(cfg, pathlib.Path(workdir))
         tokenizer = load_tokenizer(checkpoint_dir)
         kw.setdefault("image_config", image_config_from_checkpoint(checkpoint_dir))
@@ -303,7 +303,7 @@ def image_config_from_checkpoint(checkpoint_dir: str | pathlib.Path) -> ImagePro
         raise ValueError(f"{path}: {err}") from err
 
 
-def _loading_config(spec: str, config: ml_collections.ConfigDict | None) -> ml_collections.ConfigDict:
+def loading_config(spec: str, config: ml_collections.ConfigDict | None) -> ml_collections.ConfigDict:
     """Returns a config for sampling/model_from_config.py: the run's, or float32 on one device, with model.init = spec."""
     if config is not None:
         cfg = ml_collections.ConfigDict(config.to_dict())

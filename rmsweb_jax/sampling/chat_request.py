@@ -2,8 +2,8 @@
 
 Each check names the field at fault (`messages[2].content[1].image_url.url`) in an
 OpenAI-style error. Fields the server does not use (tools, penalties, user, ...) are ignored,
-as OpenAI-compatible servers do; fields whose meaning it cannot honour (stream, n > 1,
-logprobs) are refused rather than silently dropped.
+as OpenAI-compatible servers do; fields whose meaning it cannot honour (stream, logprobs, n
+above the server's `max_n`) are refused rather than silently dropped.
 
 Everything here runs on the request's own thread before it queues, and bounds what it lets
 through: numbers to their types' ranges (JSON integers are unbounded), images by the pixel count
@@ -31,6 +31,7 @@ MAX_TOP_K = 2 ** 31 - 1  # an int32 in the sampler; any top_k above the vocabula
 # The server's default limits (its flags and ChatServer's arguments read these).
 DEFAULT_MAX_IMAGE_PIXELS = 1920 * 1080  # a full-HD screenshot
 DEFAULT_MAX_PROMPT_BYTES = 1 << 20  # 32 bytes a token at the 32768-token bucket: no real prompt that fits is refused
+DEFAULT_MAX_N = 16  # choices a request may ask for (n): each one is a row of the generation
 
 
 class RequestError(Exception):
@@ -50,8 +51,8 @@ class RequestError(Exception):
 class ChatRequest:
     """A checked request: messages (content normalized to a str or a list of text / image_url
     parts), the sampling settings, the seed (the request's, reduced mod 2**32; None: the server
-    picks one), stop strings, each image's (width, height) in message order, and the UTF-8 bytes
-    of all its text."""
+    picks one), stop strings, each image's (width, height) in message order, the UTF-8 bytes
+    of all its text, and n (the choices asked for)."""
 
     messages: list
     params: SamplingParams
@@ -59,6 +60,7 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     image_sizes: tuple[tuple[int, int], ...] = ()
     text_bytes: int = 0
+    n: int = 1
 
 
 def _invalid(param: str, message: str, code: str = "invalid_value") -> RequestError:
@@ -222,7 +224,7 @@ def _messages(value: Any, tally: _Tally) -> list[dict[str, Any]]:
 
 
 def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, default_max_tokens: int,
-                       max_image_pixels: int, max_prompt_bytes: int) -> ChatRequest:
+                       max_image_pixels: int, max_prompt_bytes: int, max_n: int) -> ChatRequest:
     """Returns the checked request for a decoded JSON `body`; raises RequestError naming the field.
 
     Refuses images of more than `max_image_pixels` pixels and text of more than `max_prompt_bytes`
@@ -239,8 +241,8 @@ def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, def
     if body.get("stream"):
         raise _invalid("stream", "streaming is not supported; send \"stream\": false", "unsupported_value")
     n = _integer(body, "n")
-    if n is not None and n != 1:
-        raise _invalid("n", f"only n = 1 is supported, got {n}", "unsupported_value")
+    if n is not None and not 1 <= n <= max_n:
+        raise _invalid("n", f"expected an integer in [1, {max_n}] (this server's limit), got {n}")
     if body.get("logprobs"):
         raise _invalid("logprobs", "log-probabilities are not returned by this server", "unsupported_value")
     tally = _Tally(max_image_pixels, max_prompt_bytes)
@@ -269,4 +271,4 @@ def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, def
     params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p,
                             top_k=max(top_k or 0, 0))
     return ChatRequest(messages=messages, params=params, seed=None if seed is None else seed % SEED_MODULUS,
-                       stop=stop, image_sizes=tuple(tally.image_sizes), text_bytes=tally.text_bytes)
+                       stop=stop, image_sizes=tuple(tally.image_sizes), text_bytes=tally.text_bytes, n=n or 1)

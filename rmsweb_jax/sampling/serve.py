@@ -1,11 +1,22 @@
 """ChatServer: an OpenAI-compatible chat-completions endpoint over a ChatModel, on 127.0.0.1.
 
-    python -m rmsweb_jax.sampling.serve --checkpoint=hf:/ckpt/Qwen3-VL-8B-Instruct --port=8000 --api_key=KEY
+    python -m rmsweb_jax.sampling.serve --checkpoint=hf:/ckpt/Qwen3-VL-8B-Instruct --port=8000
+        --api_key=KEY --model_name=qwen3-vl-8b --dtype=bfloat16 --mesh_shape=1,4,2
 
 Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (non-streaming). Requests
 that arrive together (within `batch_window_s`, up to `max_batch`) share one `complete()` call,
-so many browser workers share one generation. Every bad request gets an OpenAI-style JSON
-error ({"error": {"message", "type", "param", "code"}}) with a 4xx and the server keeps serving.
+so many browser workers share one generation. `--dtype` and `--mesh_shape` (or a run's
+`--config`) load the parameters in that dtype, sharded over the mesh by the sharding rules.
+
+The sampler compiles one program per max_new_tokens, so a request's max_tokens runs in the smallest
+of a few buckets that holds it (powers of two from 16, then `max_tokens_limit`) and its choices are
+cut at its own max_tokens afterwards: finish "length" with the same tokens an unbucketed run gives.
+Requests whose max_tokens share a bucket also share a generation. A request with n > 1 is answered
+by shared-prefix group sampling (`ChatModel.sample_groups`: the prompt prefilled once, n samples
+decoded from copies of its cache).
+
+Every bad request gets an OpenAI-style JSON error ({"error": {"message", "type", "param", "code"}})
+with a 4xx and the server keeps serving.
 A conversation the model rejects (ValueError: too long, undecodable) gets a 400 without failing
 the rest of its batch; any other generation failure gets a 500, and the server keeps serving.
 
@@ -23,17 +34,38 @@ import signal
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 from absl import logging
 
 from rmsweb_jax.sampling.chat_http import MiB, ChatHTTPServer
-from rmsweb_jax.sampling.chat_request import (DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_PROMPT_BYTES, ChatRequest,
-                                              RequestError, parse_chat_request)
+from rmsweb_jax.sampling.chat_request import (DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_N, DEFAULT_MAX_PROMPT_BYTES,
+                                              ChatRequest, RequestError, parse_chat_request)
 from rmsweb_jax.sampling.prompt_budget import PromptBudget
 from rmsweb_jax.sampling.sampler import SamplingParams
 
 DEFAULT_MAX_PENDING = 64  # requests in progress at once (bodies being read, queued, generating)
+SMALLEST_MAX_TOKENS_BUCKET = 16  # below it a program per size saves at most 15 decode steps
+SERVE_DTYPES = ("float32", "bfloat16")
+
+
+def default_max_tokens_buckets(limit: int) -> tuple[int, ...]:
+    """Returns the max_new_tokens the server compiles for: powers of two from 16 below `limit`, then `limit`."""
+    sizes, b = [], SMALLEST_MAX_TOKENS_BUCKET
+    while b < limit:
+        sizes.append(b)
+        b *= 2
+    return (*sizes, int(limit))
+
+
+def checked_max_tokens_buckets(buckets: Sequence[int] | None, limit: int) -> tuple[int, ...]:
+    """Returns `buckets` sorted (None or empty: `default_max_tokens_buckets(limit)`); raises ValueError
+    unless all are >= 1 and the largest holds `limit`."""
+    sizes = tuple(sorted({int(b) for b in (buckets or ())})) or default_max_tokens_buckets(int(limit))
+    if sizes[0] < 1 or sizes[-1] < limit:
+        raise ValueError(f"max_tokens_buckets {list(sizes)} must be >= 1 and the largest must hold max_tokens_limit "
+                         f"{limit} (e.g. {list(default_max_tokens_buckets(int(limit)))})")
+    return sizes
 
 
 @dataclasses.dataclass
@@ -42,35 +74,45 @@ class _Job:
 
     request: ChatRequest
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
-    completion: Any = None
+    completions: Any = None  # the request's n Completions, cut at its max_tokens
     error: BaseException | None = None
 
 
 class ChatServer:
-    """Serves `chat_model` (a ChatModel: `.name`, `.complete(conversations, params, seed=)`, and
-    `.tokenizer`, `.image_config`, `.max_prompt_tokens` for counting prompts up front).
+    """Serves `chat_model` (a ChatModel: `.name`, `.complete(conversations, params, seed=)`,
+    `.sample_groups(conversations, n, params, seed=)` for n > 1, and `.tokenizer`, `.image_config`,
+    `.max_prompt_tokens` for counting prompts up front; the tokenizer also decodes cut choices).
 
         with ChatServer(model, api_key="k") as server:
             client = ChatClient(server.base_url, model.name, api_key="k")
 
     `base_url` is the OpenAI-style base (http://127.0.0.1:<port>/v1). `stats()` counts requests,
     errors and `complete_calls` (generations run), which is below `completions` when batching works.
+    `max_tokens_buckets` (None: `default_max_tokens_buckets(max_tokens_limit)`) are the generation lengths
+    compiled for; the largest must hold max_tokens_limit. `model_name` (None: chat_model.name) is the
+    id /v1/models lists and replies carry; a request naming another model gets a 404.
     """
 
     def __init__(self, chat_model, *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
                  max_body_bytes: int = 32 * MiB, max_tokens_limit: int = 4096, default_max_tokens: int = 512,
                  max_batch: int = 8, batch_window_s: float = 0.01, request_timeout_s: float = 600.0,
                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES,
-                 max_pending: int = DEFAULT_MAX_PENDING):
+                 max_pending: int = DEFAULT_MAX_PENDING, max_n: int = DEFAULT_MAX_N,
+                 max_tokens_buckets: Sequence[int] | None = None, model_name: str | None = None):
         for name, value in (("max_body_bytes", max_body_bytes), ("max_tokens_limit", max_tokens_limit),
                             ("max_batch", max_batch), ("max_image_pixels", max_image_pixels),
-                            ("max_prompt_bytes", max_prompt_bytes), ("max_pending", max_pending)):
+                            ("max_prompt_bytes", max_prompt_bytes), ("max_pending", max_pending), ("max_n", max_n)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value!r}")
         if batch_window_s < 0:
             raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s!r}")
+        buckets = checked_max_tokens_buckets(max_tokens_buckets, max_tokens_limit)
+        if model_name is not None and not str(model_name).strip():
+            raise ValueError(f"model_name must be a non-empty id, got {model_name!r}")
         self.chat_model = chat_model
-        self.model_name = str(chat_model.name)
+        self.model_name = str(model_name if model_name is not None else chat_model.name)
+        self.max_tokens_buckets = buckets
+        self.max_n = int(max_n)
         self.host, self._port = host, port
         self.api_key = api_key or None
         self.max_body_bytes = int(max_body_bytes)
@@ -180,7 +222,7 @@ class ChatServer:
         """Returns the OpenAI chat.completion object for a parsed JSON `body`; raises RequestError."""
         request = parse_chat_request(body, model_name=self.model_name, max_tokens_limit=self.max_tokens_limit,
                                      default_max_tokens=self.default_max_tokens, max_image_pixels=self.max_image_pixels,
-                                     max_prompt_bytes=self.max_prompt_bytes)
+                                     max_prompt_bytes=self.max_prompt_bytes, max_n=self.max_n)
         self._budget.check(request)  # here, not on the batch thread
         if self._httpd is None:
             raise RequestError(503, "the server is shutting down", code="server_shutting_down")
@@ -196,15 +238,19 @@ class ChatServer:
                 raise RequestError(400, f"the model rejected the request: {job.error}", code="invalid_prompt")
             raise RequestError(500, f"generation failed: {type(job.error).__name__}: {job.error}",
                                code="generation_error", type_="server_error")
-        c = job.completion
-        text, finish = _apply_stop(c.text, c.finish_reason, request.stop)
-        self._count(completions=1, prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens)
+        choices = []
+        for index, c in enumerate(job.completions):
+            text, finish = _apply_stop(c.text, c.finish_reason, request.stop)
+            choices.append({"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
+        # The prompt is read once however many choices share it; every returned token counts.
+        prompt_tokens = job.completions[0].prompt_tokens
+        completion_tokens = sum(c.completion_tokens for c in job.completions)
+        self._count(completions=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
-            "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
-                      "total_tokens": c.prompt_tokens + c.completion_tokens},
+            "model": self.model_name, "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
         }
 
     def models(self) -> dict[str, Any]:
@@ -232,12 +278,17 @@ class ChatServer:
                     break
                 batch.append(nxt)
             groups: dict[tuple, list[_Job]] = {}
-            for j in batch:  # one complete() call takes one SamplingParams and one seed
-                groups.setdefault((j.request.params, j.request.seed), []).append(j)
-            for (params, seed), jobs in groups.items():
-                self._generate(jobs, params, seed)
+            for j in batch:  # one generation takes one SamplingParams (max_tokens bucketed), one seed and one n
+                groups.setdefault((self._bucketed(j.request.params), j.request.seed, j.request.n), []).append(j)
+            for (params, seed, n), jobs in groups.items():
+                self._generate(jobs, params, seed, n)
 
-    def _generate(self, jobs: list[_Job], params: SamplingParams, seed: int | None) -> None:
+    def _bucketed(self, params: SamplingParams) -> SamplingParams:
+        """Returns `params` with max_new_tokens raised to the smallest max_tokens bucket that holds it."""
+        bucket = next(b for b in self.max_tokens_buckets if b >= params.max_new_tokens)
+        return dataclasses.replace(params, max_new_tokens=bucket)
+
+    def _generate(self, jobs: list[_Job], params: SamplingParams, seed: int | None, n: int) -> None:
         if seed is None:
             with self._lock:
                 self._seed += 1
@@ -246,19 +297,40 @@ class ChatServer:
             with self._lock:
                 self._stats["complete_calls"] += 1
                 self._stats["max_batch_seen"] = max(self._stats["max_batch_seen"], len(jobs))
-            completions = self.chat_model.complete([j.request.messages for j in jobs], params, seed=seed)
-            if len(completions) != len(jobs):
-                raise RuntimeError(f"complete() returned {len(completions)} completions for {len(jobs)} conversations")
+            conversations = [j.request.messages for j in jobs]
+            if n == 1:
+                groups = [[c] for c in self.chat_model.complete(conversations, params, seed=seed)]
+            else:
+                groups = self.chat_model.sample_groups(conversations, n, params, seed=seed)
+            if len(groups) != len(jobs) or any(len(g) != n for g in groups):
+                raise RuntimeError(f"the model returned {[len(g) for g in groups]} completions for {len(jobs)} "
+                                   f"conversations of n = {n}")
+            groups = [[_cut(c, j.request.params.max_new_tokens, self.chat_model.tokenizer) for c in g]
+                      for j, g in zip(jobs, groups)]
         except Exception as e:  # noqa: BLE001 — handed to the waiting request(s)
             if len(jobs) > 1:  # find the culprit: run each alone so one bad request fails only itself
                 for j in jobs:
-                    self._generate([j], params, seed)
+                    self._generate([j], params, seed, n)
                 return
             logging.warning("generation failed: %r", e)
-            completions, jobs[0].error = [None], e
-        for j, c in zip(jobs, completions):
-            j.completion = c
+            groups, jobs[0].error = [None], e
+        for j, g in zip(jobs, groups):
+            j.completions = g
             j.done.set()
+
+
+def _cut(completion, max_tokens: int, tokenizer):
+    """Returns `completion` cut to its first `max_tokens` tokens (finish "length"), or unchanged if it fits.
+
+    A longer completion came from a larger bucket; its first max_tokens tokens hold no stop token (a stop
+    token ends a completion), so they are what a run with max_new_tokens = max_tokens returns.
+    """
+    if completion.completion_tokens <= max_tokens:
+        return completion
+    ids = completion.token_ids[:max_tokens]
+    return dataclasses.replace(completion, text=tokenizer.decode(list(ids), skip_special_tokens=True),
+                               completion_tokens=max_tokens, finish_reason="length", token_ids=ids,
+                               logprobs=completion.logprobs[:max_tokens])
 
 
 def _apply_stop(text: str, finish_reason: str, stop: tuple[str, ...]) -> tuple[str, str]:
@@ -267,31 +339,75 @@ def _apply_stop(text: str, finish_reason: str, stop: tuple[str, ...]) -> tuple[s
     return (text[:min(cuts)], "stop") if cuts else (text, finish_reason)
 
 
+def serving_config(spec: str, config, dtype: str, mesh_shape: str):
+    """Returns the config `ChatModel.load` reads for `spec`: `config` (a run's, for its model runtime, mesh
+    and sharding rules; None: float32 on one device), with `dtype` ("float32" | "bfloat16") as the
+    parameter and compute dtype and `mesh_shape` ("data,fsdp,tensor", -1 = the remaining devices) as
+    the mesh, each when not "". Raises UserError naming the flag."""
+    from rmsweb_jax.errors import UserError
+    from rmsweb_jax.models.from_config import mesh_from_config
+    from rmsweb_jax.sampling.chat_model import loading_config
+
+    cfg = loading_config(spec, config)
+    if dtype:
+        if dtype not in SERVE_DTYPES:
+            raise UserError(f"--dtype={dtype!r}: expected one of {', '.join(SERVE_DTYPES)}")
+        cfg.model.param_dtype = cfg.model.compute_dtype = dtype
+    if mesh_shape:
+        try:
+            shape = tuple(int(x) for x in mesh_shape.split(","))
+        except ValueError:
+            shape = ()
+        if len(shape) != 3 or any(x == 0 or x < -1 for x in shape):
+            raise UserError(f"--mesh_shape={mesh_shape!r}: expected three sizes data,fsdp,tensor (e.g. 1,4,2; "
+                            "-1 = the remaining devices)")
+        cfg.mesh.shape = shape
+    try:  # a shape the devices cannot fill is refused here, naming the flag, not deep in the loader
+        mesh_from_config(cfg)
+    except ValueError as err:
+        raise UserError(f"--mesh_shape={mesh_shape or tuple(cfg.mesh.shape)}: {err}") from None
+    return cfg
+
+
 def main(argv) -> None:
     """Loads --checkpoint, serves it until interrupted, and prints the URL."""
     import pathlib
+    import sys
     import tempfile
 
     from absl import app
     from absl import flags as absl_flags
 
+    from rmsweb_jax.errors import UserError
     from rmsweb_jax.sampling.chat_model import ChatModel
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     flags = absl_flags.FLAGS
     workdir = pathlib.Path(flags.workdir or tempfile.mkdtemp(prefix="rmsweb-serve-"))
-    # The model id clients send: the checkpoint's own name (folder@hash of its weights) unless given.
-    model = ChatModel.load(flags.checkpoint, workdir, **({"name": flags.served_model_name}
-                                                       if flags.served_model_name else {}))
-    server = ChatServer(model, host=flags.host, port=flags.port, api_key=flags.api_key or None,
-                        max_body_bytes=flags.max_body_mib * MiB, max_tokens_limit=flags.max_tokens_limit,
-                        max_batch=flags.max_batch, batch_window_s=flags.batch_window_s,
-                        max_image_pixels=flags.max_image_pixels, max_prompt_bytes=flags.max_prompt_bytes,
-                        max_pending=flags.max_pending)
+    try:
+        config = serving_config(flags.checkpoint, flags.config, flags.dtype, flags.mesh_shape)
+        try:  # before loading, which takes minutes for a real checkpoint
+            buckets = checked_max_tokens_buckets([int(b) for b in flags.max_tokens_buckets], flags.max_tokens_limit)
+        except ValueError as err:
+            raise UserError(f"--max_tokens_buckets={','.join(flags.max_tokens_buckets)}: expected integers >= 1, "
+                            f"the largest >= --max_tokens_limit={flags.max_tokens_limit} ({err})") from None
+        # The model id clients send: the checkpoint's own name (folder@hash of its weights) unless given.
+        model = ChatModel.load(flags.checkpoint, workdir, config=config,
+                               **({"name": flags.model_name} if flags.model_name else {}))
+        server = ChatServer(model, host=flags.host, port=flags.port, api_key=flags.api_key or None,
+                            max_body_bytes=flags.max_body_mib * MiB, max_tokens_limit=flags.max_tokens_limit,
+                            max_batch=flags.max_batch, batch_window_s=flags.batch_window_s,
+                            max_image_pixels=flags.max_image_pixels, max_prompt_bytes=flags.max_prompt_bytes,
+                            max_pending=flags.max_pending, max_n=flags.max_n,
+                            max_tokens_buckets=buckets)
+    except UserError as err:
+        print(f"serve: error: {err}", file=sys.stderr)
+        sys.exit(2)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # `kill` stops it as cleanly as Ctrl-C
     with server:
-        print(f"serving {model.name} at {server.base_url} (model id {model.name!r})", flush=True)
+        print(f"serving {model.name} at {server.base_url} (model id {model.name!r}, {config.model.param_dtype}, "
+              f"mesh {tuple(config.mesh.shape)}, max_tokens buckets {server.max_tokens_buckets})", flush=True)
         try:
             while not stop.wait(1.0):
                 pass
@@ -305,16 +421,26 @@ def main(argv) -> None:
 def define_flags() -> None:
     """Defines the CLI's absl flags (only when run as a program, so importing defines none)."""
     from absl import flags
+    from ml_collections import config_flags
     flags.DEFINE_string("checkpoint", None, "Model to serve: hf:/path/to/checkpoint or random:tiny.")
     flags.DEFINE_string("host", "127.0.0.1", "Address to bind (127.0.0.1 keeps it off the network).")
     flags.DEFINE_integer("port", 8000, "Port to bind (0: any free port).")
     flags.DEFINE_string("api_key", None, "If set, requests must send 'Authorization: Bearer <key>'.")
-    flags.DEFINE_string("served_model_name", "", "Model id clients send in requests (\"\" = the checkpoint's "
-                        "name, <folder>@<hash of its weights>, printed at start).")
+    flags.DEFINE_string("model_name", "", "Model id /v1/models lists, replies carry and requests must send (\"\" = "
+                        "the checkpoint's name, <folder>@<hash of its weights>, printed at start).")
+    flags.DEFINE_alias("served_model_name", "model_name")  # vLLM's name for it
+    config_flags.DEFINE_config_file("config", None, "A run's config file (path[:arg]): its model runtime, mesh and "
+                                    "sharding rules are used (default: float32 on one device).")
+    flags.DEFINE_string("dtype", "", f"Parameter and compute dtype: {' | '.join(SERVE_DTYPES)} (\"\" = the config's).")
+    flags.DEFINE_string("mesh_shape", "", "Mesh data,fsdp,tensor the parameters are sharded over, e.g. 1,4,2 "
+                        "(-1 = the remaining devices; \"\" = the config's).")
     flags.DEFINE_string("workdir", None, "Where random:tiny writes its checkpoint (default: a temp dir).")
     flags.DEFINE_integer("max_batch", 8, "Most requests batched into one generation.")
     flags.DEFINE_float("batch_window_s", 0.01, "How long to wait for more requests to batch.")
     flags.DEFINE_integer("max_tokens_limit", 4096, "Largest max_tokens a request may ask for.")
+    flags.DEFINE_list("max_tokens_buckets", [], "Generation lengths compiled for; a request's max_tokens runs in the "
+                      "smallest that holds it (empty = powers of two from 16, then max_tokens_limit).")
+    flags.DEFINE_integer("max_n", DEFAULT_MAX_N, "Most choices (n) a request may ask for.")
     flags.DEFINE_integer("max_body_mib", 32, "Largest request body, in MiB.")
     flags.DEFINE_integer("max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS,
                          "Most pixels (width x height) an image may have; larger ones are refused from their header.")

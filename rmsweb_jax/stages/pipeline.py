@@ -44,6 +44,16 @@ def stage_names(stages) -> list[str]:
     return names
 
 
+def check_workdir(workdir: str | pathlib.Path) -> None:
+    """Raises UserError for a workdir given as a URL (gs://bucket/run): the stages write through local paths,
+    where pathlib would quietly turn it into a local folder named "gs:/bucket/run"."""
+    text = str(workdir)
+    if "://" in text:
+        raise UserError(f"--workdir={text}: the stages write local paths, and a {text.split('://')[0]}:// workdir "
+                        "is not supported yet; mount the bucket (gcsfuse, at the same path on every host) and pass "
+                        "the mount's path, e.g. --workdir=/mnt/bucket/runs/NAME")
+
+
 def run_pipeline(config, workdir: str | pathlib.Path, *, prefix: str = "") -> list[dict]:
     """Returns the record of each stage of config.stages (stage, ran, reason, seconds), having run them in
     order, each unless its manifest says it is up to date (config.rerun forces some), printing
@@ -51,6 +61,7 @@ def run_pipeline(config, workdir: str | pathlib.Path, *, prefix: str = "") -> li
     from rmsweb_jax.stages import manifest
     stages = stage_names(config.stages)  # before anything is created or imported
     forced = manifest.forced_stages(config.rerun, stages, STAGES)
+    check_workdir(workdir)
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     import jax

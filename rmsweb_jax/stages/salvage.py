@@ -28,6 +28,7 @@ import json
 import pathlib
 
 import jax
+import ml_collections
 
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.data.batching import Buckets
@@ -50,6 +51,37 @@ FRESH_START = ("salvage",)  # a rerun for a change starts afresh (manifest.py)
 
 NAME = "salvage"
 REF_LOGPROBS = "token_ref_logprobs"
+
+
+# config.salvage.train field -> (the config.train field it replaces, the value that keeps config.train's)
+TRAIN_OVERRIDES = {"batch_size": (("batch_size",), 0), "total_steps": (("optimizer", "total_steps"), 0),
+                   "lr": (("optimizer", "lr"), 0.0), "warmup_steps": (("optimizer", "warmup_steps"), -1),
+                   "end_lr_fraction": (("optimizer", "end_lr_fraction"), -1.0)}
+
+
+def train_config(config) -> ml_collections.ConfigDict:
+    """Returns a copy of `config` whose `train` block is what Salvage-DS trains with: config.train (the SFT
+    stage's) with every config.salvage.train field that is not its keep value written over it."""
+    out = config.copy_and_resolve_references()
+    overrides = config.salvage.get("train")
+    if overrides is None:
+        return out
+    unknown = sorted(set(overrides.keys()) - set(TRAIN_OVERRIDES))
+    if unknown:
+        raise UserError(f"config.salvage.train has unknown field(s) {unknown}: expected some of {sorted(TRAIN_OVERRIDES)}")
+    for name, (path, keep) in TRAIN_OVERRIDES.items():
+        value = overrides.get(name, keep)
+        if value == keep:
+            continue
+        if (name in ("batch_size", "total_steps") and value < 1) or (name == "lr" and value <= 0) or \
+                (name == "end_lr_fraction" and not 0 <= value <= 1) or (name == "warmup_steps" and value < 0):
+            raise UserError(f"config.salvage.train.{name} = {value!r}: out of range ({keep!r} keeps "
+                            f"config.train.{'.'.join(path)})")
+        node = out.train
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = type(node[path[-1]])(value)
+    return out
 
 
 class _States:
@@ -84,7 +116,8 @@ class _States:
 
 
 def run(config, workdir: pathlib.Path) -> dict:
-    """Trains config.train.optimizer.total_steps Salvage-DS updates; writes summary.json."""
+    """Trains Salvage-DS updates (config.salvage.train over config.train: total_steps, batch size, rate); writes
+    summary.json."""
     from rmsweb_jax.models.from_config import mesh_from_config
     from rmsweb_jax.sampling.chat_model import ChatModel, default_stop_token_ids
     from rmsweb_jax.sampling.model_from_config import load_model
@@ -100,17 +133,17 @@ def run(config, workdir: pathlib.Path) -> dict:
     reward, gates, draw_settings = RewardSettings.from_config(cfg), GateSettings.from_config(cfg), \
         DrawSettings.from_config(cfg)
     loss_settings = RLLossSettings.from_config(cfg.loss)
-    batch_size = int(config.train.batch_size)
+    run_config = train_config(config)
+    batch_size = int(run_config.train.batch_size)
     if batch_size < draw_settings.groups_per_step * draw_settings.group_size:
-        raise UserError(f"config.train.batch_size = {batch_size} cannot hold config.salvage.groups_per_step x "
-                        f"group_size = {draw_settings.groups_per_step} x {draw_settings.group_size} policy rows; "
-                        "raise the batch size or lower B or G")
+        raise UserError(f"config.salvage.train.batch_size (or config.train.batch_size) = {batch_size} cannot hold "
+                        f"config.salvage.groups_per_step x group_size = {draw_settings.groups_per_step} x "
+                        f"{draw_settings.group_size} policy rows; raise the batch size or lower B or G")
     states = StateSet(cfg.states or workdir / "mine" / "states.arrayrecord")
     spec = cfg.init or f"hf:{workdir / 'sft' / 'hf'}"
     if spec.startswith("hf:") and not (pathlib.Path(spec[3:]).expanduser() / "config.json").is_file():
         raise UserError(f"config.salvage.init {spec!r}: no HF checkpoint there (run the sft stage first, or "
                         "give hf:/path/to/checkpoint)")
-    run_config = config.copy_and_resolve_references()
     run_config.model.init = spec
     impl = resolve_loss_impl(config.train.loss_impl, mesh_from_config(config))
     trainer = Trainer(run_config, workdir, name=NAME, loss_fn=make_salvage_loss(loss_settings, impl))

@@ -19,7 +19,8 @@ so when a main stage reruns, the copy changes and the variant's dependants rerun
 The table is computed from the stores and reports alone: the collection figures from the two stores
 (collect/report.py compute_report), the policy rows from their eval stores on the same held-out pairs
 (evaluate/report.py build_report: Wilson interval, paired bootstrap interval and McNemar p against
-the SFT on reflection-collected data), the mining summary from mine/report.json.
+the SFT on reflection-collected data), the mining summary from mine/report.json, the
+Salvage-DS summary (gate acceptance, anchors, reward) from salvage/metrics.jsonl.
 """
 from __future__ import annotations
 
@@ -206,6 +207,34 @@ def mining_summary(report_path: pathlib.Path) -> dict:
             "failure_modes": [{"mode": m, "states": n, "share": n / report["critical"]} for m, n in modes]}
 
 
+SALVAGE_FIGURES = ("states_drawn", "groups_accepted", "groups_anchored", "groups_rejected", "shortfall",
+                   "rows_policy_rows", "rows_anchor_rows", "rows_anchor_rows_dropped", "reward_mean", "correct_share")
+
+
+def salvage_summary(run_dir: pathlib.Path) -> dict:
+    """Returns what Salvage-DS trained on (salvage/metrics.jsonl): per update, the mean of each SALVAGE_FIGURES
+    figure (each logged value is its window's mean, weighted here by the window's updates), the accepted and
+    anchored shares of the groups drawn, and the sampled actions' correct share in the first and last window."""
+    from rmsweb_jax.train.metrics import read_metrics
+    path = pathlib.Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: the salvage stage writes it (run it before the table)")
+    metrics, previous, weighted, updates = read_metrics(path), 0, dict.fromkeys(SALVAGE_FIGURES, 0.0), 0
+    for step in sorted(metrics):
+        span = step - previous
+        for name in SALVAGE_FIGURES:
+            weighted[name] += span * metrics[step].get(name, 0.0)
+        updates, previous = updates + span, step
+    per_update = {name: (v / updates if updates else None) for name, v in weighted.items()}
+    drawn = per_update["states_drawn"]
+    windows = [metrics[s] for s in sorted(metrics)]
+    return {"metrics": str(path), "updates": updates, "windows": len(windows), "per_update": per_update,
+            "accepted_share": per_update["groups_accepted"] / drawn if drawn else None,
+            "anchored_share": per_update["groups_anchored"] / drawn if drawn else None,
+            "correct_share_first": windows[0].get("correct_share") if windows else None,
+            "correct_share_last": windows[-1].get("correct_share") if windows else None}
+
+
 def build_table(config, workdir: pathlib.Path) -> dict:
     """Returns the table's figures from the main and variant workdirs' stores and reports."""
     workdir = pathlib.Path(workdir)
@@ -228,6 +257,7 @@ def build_table(config, workdir: pathlib.Path) -> dict:
                                      bootstrap_samples=int(config.eval.bootstrap_samples),
                                      seed=int(config.eval.bootstrap_seed)),
              "mining": mining_summary(workdir / mine.NAME / "report.json"),
+             "salvage": salvage_summary(workdir / salvage.NAME),
              "ablations": bool(config.ablations)}
     return table
 
@@ -269,8 +299,9 @@ def markdown(table: dict) -> str:
             diff, ci = f"{100 * v['difference']:+.1f} pts", f"{100 * v['ci95'][0]:+.1f} to {100 * v['ci95'][1]:+.1f}"
             p = f"{v['mcnemar_p']:.3g}"
             shown = v["ci95"][0] > 0 or v["ci95"][1] < 0
+            side = "above" if v["ci95"][0] > 0 else "below"
             notes.append(f"- {r['row']}: {diff} vs {ROWS[BASELINE]}; " + (
-                "the paired interval excludes 0." if shown else
+                f"the paired interval excludes 0: {side} it at this scale." if shown else
                 "the paired interval includes 0: a difference is not shown at this scale."))
         lines.append(f"| {r['row']} | {r['solved']} / {r['episodes']} | {_pct(r['success'])} | "
                      f"{_pct(r['ci95'][0])}–{_pct(r['ci95'][1])} | {_steps(r['mean_steps_all_solved'])} | {diff} | "
@@ -281,6 +312,18 @@ def markdown(table: dict) -> str:
               "routine.", "", "| failure mode | critical states | share |", "|---|---|---|"]
     lines += [f"| {m['mode']} | {m['states']} | {_pct(m['share'])} |" for m in mining["failure_modes"]] or [
         "| (none) | 0 | — |"]
+    sal = table.get("salvage")
+    if sal is not None and sal["updates"]:
+        u = sal["per_update"]
+        lines += ["", "## Salvage-DS", "",
+                  f"{sal['updates']} updates. Per update: {u['states_drawn']:.2f} states drawn, "
+                  f"{u['groups_accepted']:.2f} groups accepted by the gates ({_pct(sal['accepted_share'])} of those "
+                  f"drawn), {u['groups_anchored']:.2f} anchored ({_pct(sal['anchored_share'])}; "
+                  f"{u['rows_anchor_rows']:.2f} anchor rows trained, {u['rows_anchor_rows_dropped']:.2f} without "
+                  f"room in the batch); reward mean {u['reward_mean']:+.3f}; sampled actions right " + (
+                      f"{_pct(sal['correct_share_first'])} in the first logged window, "
+                      f"{_pct(sal['correct_share_last'])} in the last." if sal.get("windows", 0) > 1 else
+                      f"{_pct(u['correct_share'])} (one logged window)." )]
     return "\n".join(lines) + "\n"
 
 

@@ -11,7 +11,10 @@ import os
 import pathlib
 import shutil
 import signal
+import sys
 import uuid
+
+from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMIUM_FLAGS = (
@@ -23,6 +26,10 @@ MARKER_FLAG = "--rmsweb-marker="
 
 class ChromiumNotFound(RuntimeError):
     """No Chromium binary at the configured path or any of CHROMIUM_CANDIDATES."""
+
+
+class LaunchTimeout(RuntimeError):
+    """Chromium did not start within the launch timeout, however often it was tried."""
 
 
 def find_chromium(path: str | None = None) -> str:
@@ -43,15 +50,31 @@ def new_marker() -> str:
 
 
 async def launch_chromium(playwright, marker: str, *, executable: str | None = None, headless: bool = True,
-                          extra_args: tuple[str, ...] = (), timeout_s: float = 30.0):
-    """Returns a Playwright Browser running Debian's Chromium with our flags and `marker`."""
-    return await playwright.chromium.launch(
-        executable_path=find_chromium(executable), headless=headless,
-        args=[*CHROMIUM_FLAGS, *extra_args, MARKER_FLAG + marker], timeout=timeout_s * 1000,
-        # Playwright's own SIGINT/SIGTERM handlers would close browsers behind our back;
-        # the pool closes them itself (and kills leftovers by marker).
-        handle_sigint=False, handle_sigterm=False, handle_sighup=False,
-    )
+                          extra_args: tuple[str, ...] = (), timeout_s: float = 30.0, attempts: int = 3):
+    """Returns a Playwright Browser running Debian's Chromium with our flags and `marker`.
+
+    A launch that does not answer within `timeout_s` (Chromium now and then hangs at start-up on a
+    loaded machine) is killed by its marker and tried again, up to `attempts` launches in all; the
+    last attempt's error is raised, naming how many were made."""
+    if attempts < 1:
+        raise ValueError(f"attempts = {attempts}: at least one launch is needed")
+    binary = find_chromium(executable)
+    for attempt in range(1, attempts + 1):
+        try:
+            return await playwright.chromium.launch(
+                executable_path=binary, headless=headless,
+                args=[*CHROMIUM_FLAGS, *extra_args, MARKER_FLAG + marker], timeout=timeout_s * 1000,
+                # Playwright's own SIGINT/SIGTERM handlers would close browsers behind our back;
+                # the pool closes them itself (and kills leftovers by marker).
+                handle_sigint=False, handle_sigterm=False, handle_sighup=False,
+            )
+        except PlaywrightTimeoutError as e:
+            kill_marked(marker, exact=True)  # the hung browser, so the next attempt starts clean
+            if attempt == attempts:
+                raise LaunchTimeout(f"Chromium ({binary}) did not start within {timeout_s:g} s in {attempts} "
+                                    f"attempts: {str(e).splitlines()[0]}") from e
+            print(f"[browser] Chromium launch {attempt}/{attempts} timed out after {timeout_s:g} s; killed it "
+                  "and launching again", file=sys.stderr, flush=True)
 
 
 def marked_pids(marker: str, exact: bool = False) -> list[int]:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import threading
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Coroutine
 
 _POLL_S = 0.2  # blocking waits wake this often, so Ctrl-C reaches the calling thread promptly
+_UNWIND_S = 60.0  # after Ctrl-C, how long run_sync waits for the cancelled coroutine to close its browsers
 
 
 class LoopThread:
@@ -60,3 +62,41 @@ def wait_future(future: concurrent.futures.Future, timeout_s: float) -> Any:
             if waited >= timeout_s:
                 future.cancel()
                 raise TimeoutError(f"operation did not finish within {timeout_s:g}s") from None
+
+
+def run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Returns the result of `coro` run to completion, also when the calling thread already runs an
+    event loop (every Jupyter/Colab cell does): asyncio.run() refuses a running loop, and waiting
+    here on a task of that same loop would deadlock it, so the coroutine then runs under
+    asyncio.run() in a thread of its own while this thread waits (Ctrl-C cancels it)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    # asyncio.run() in the private thread, not a LoopThread: the same teardown as the plain path
+    # (tasks left over cancelled, async generators and the default executor shut down).
+    result: concurrent.futures.Future = concurrent.futures.Future()
+    started: concurrent.futures.Future = concurrent.futures.Future()
+
+    async def main() -> Any:
+        started.set_result((asyncio.get_running_loop(), asyncio.current_task()))
+        return await coro
+
+    def target() -> None:
+        try:
+            result.set_result(asyncio.run(main()))
+        except BaseException as e:  # handed to the waiting thread, which raises it
+            result.set_exception(e)
+
+    thread = threading.Thread(target=target, name="rmsweb-run-sync", daemon=True)
+    thread.start()
+    try:
+        return wait_future(result, math.inf)
+    except KeyboardInterrupt:
+        loop, task = started.result(timeout=_UNWIND_S)
+        try:
+            loop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:  # "Event loop is closed": the coroutine finished meanwhile, nothing to cancel
+            pass
+        thread.join(timeout=_UNWIND_S)  # let its finally blocks close browsers and the store
+        raise

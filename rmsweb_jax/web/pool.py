@@ -35,7 +35,7 @@ class AsyncWorkerPool:
     """
 
     def __init__(self, suite: Suite, workers: int = 2, config: WorkerConfig | None = None, *, max_attempts: int = 3,
-                 start_timeout_s: float = 60.0):
+                 start_timeout_s: float | None = None):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers!r}")
         if max_attempts < 1:
@@ -44,7 +44,9 @@ class AsyncWorkerPool:
         self.size = workers
         self.config = config or WorkerConfig()
         self.max_attempts = max_attempts
-        self.start_timeout_s = start_timeout_s
+        # None: room for every launch attempt of a worker (they start concurrently) plus the driver
+        self.start_timeout_s = start_timeout_s if start_timeout_s is not None else \
+            self.config.launch_timeout_s * self.config.launch_attempts + 30.0
         self.marker = new_marker()
         self.workers: list[BrowserWorker] = []
         self._playwright_cm = None

@@ -30,7 +30,7 @@ class WorkerPool:
     """
 
     def __init__(self, suite: Suite, workers: int = 2, config: WorkerConfig | None = None, *, max_attempts: int = 3,
-                 start_timeout_s: float = 60.0):
+                 start_timeout_s: float | None = None):
         self._pool = AsyncWorkerPool(suite, workers, config, max_attempts=max_attempts, start_timeout_s=start_timeout_s)
         self._loop: LoopThread | None = None
         self._atexit = lambda marker=self._pool.marker: kill_marked(marker)

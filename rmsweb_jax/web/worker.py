@@ -53,6 +53,7 @@ class WorkerConfig:
     reset_timeout_s: float = 30.0
     episode_timeout_s: float | None = None
     launch_timeout_s: float = 30.0
+    launch_attempts: int = 3            # a launch that hangs past launch_timeout_s is killed and retried
     close_timeout_s: float = 5.0
     navigation_timeout_s: float = 10.0
     fast_png: bool = True
@@ -64,6 +65,8 @@ class WorkerConfig:
         for name in ("step_timeout_s", "reset_timeout_s", "launch_timeout_s", "close_timeout_s", "navigation_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"WorkerConfig.{name} must be positive, got {getattr(self, name)!r}")
+        if self.launch_attempts < 1:
+            raise ValueError(f"WorkerConfig.launch_attempts must be at least 1, got {self.launch_attempts!r}")
 
 
 @dataclasses.dataclass
@@ -122,7 +125,8 @@ class BrowserWorker:
         self._dead = False
         self._browser = await launch_chromium(
             self._playwright, self.marker, executable=self.config.executable, headless=self.config.headless,
-            extra_args=self.config.extra_args, timeout_s=self.config.launch_timeout_s)
+            extra_args=self.config.extra_args, timeout_s=self.config.launch_timeout_s,
+            attempts=self.config.launch_attempts)
         self._browser.on("disconnected", self._on_disconnected)
         self._context = None
 

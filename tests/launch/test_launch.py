@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import py_compile
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,8 @@ LAUNCH = REPO / "launch"
 SCRIPT = LAUNCH / "gcloud_tpu.sh"
 SHELL_FILES = [SCRIPT, *sorted((LAUNCH / "remote").glob("*.sh")), pathlib.Path(__file__).with_name("fake_gcloud.sh")]
 RUN = ["--name=my-tpu", "--zone=us-west4-a", "--accelerator=v5litepod-16",
-       "--config=configs/qwen3_vl_8b.py", "--workdir=/tmp/runs/8b"]
+       "--config=configs/qwen3_vl_8b.py", "--workdir=/mnt/my-bucket/runs/8b", "--shared-workdir"]  # multi-host:
+# a bucket every worker mounts (gcsfuse) at the same path
 
 
 def gcloud_tpu(*args, env=None, path_prefix=None):
@@ -70,7 +72,9 @@ def test_dry_run_prints_create_ship_install_run(no_gcloud):
     ssh = [c for c in cmds if " tpu-vm ssh " in c]
     assert [c.rsplit("--command=", 1)[1] for c in ssh] == ["bash ~/rmsweb_launch/setup.sh'", "bash ~/rmsweb_launch/run.sh'"]
     assert all("--worker=all" in c for c in ssh)
-    assert "#   RMSWEB_ARGS=( --config=configs/qwen3_vl_8b.py --workdir=/tmp/runs/8b --config.seed=3 )" in result.stdout
+    assert ("#   RMSWEB_ARGS=( --config=configs/qwen3_vl_8b.py --workdir=/mnt/my-bucket/runs/8b --config.seed=3 )"
+            in result.stdout)
+    assert "warning" not in result.stderr, result.stderr
     assert any(c.startswith("tar -czf ") for c in cmds)
 
 
@@ -111,6 +115,44 @@ def without(*keys):
     return [a for a in RUN if a.split("=")[0] not in keys]
 
 
+@pytest.mark.parametrize("accelerator, extra", [
+    ("v5litepod-8", []), ("v5p-8", []), ("v6e-8", []), ("v4-8", []),  # one host: its own disk is the workdir
+    ("v5litepod-16", ["--shared-workdir"]),                          # several hosts, one mounted folder
+])
+def test_dry_run_local_workdir_on_one_host_or_when_shared(no_gcloud, accelerator, extra):
+    args = [a.replace("v5litepod-16", accelerator) for a in without("--workdir", "--shared-workdir")] + [
+        "--workdir=/mnt/runs/8b"]
+    result = gcloud_tpu(*args, *extra, "--dry-run", path_prefix=no_gcloud)
+    assert result.returncode == 0, result.stderr
+    assert "--workdir=/mnt/runs/8b" in result.stdout
+
+
+def test_every_multi_host_example_in_the_docs_uses_a_shared_workdir():
+    help_text = gcloud_tpu("--help").stdout
+    docs = {"--help": help_text, "launch/README.md": (LAUNCH / "README.md").read_text()}
+    for name, text in docs.items():
+        runs = [cmd for cmd in _example_commands(text) if "gcloud_tpu.sh" in cmd and "--workdir=" in cmd]
+        multi_host = [cmd for cmd in runs if _chips(cmd) > 8]
+        assert multi_host or name == "--help", f"{name}: no multi-host example"
+        for cmd in multi_host:
+            assert "--shared-workdir" in cmd, f"{name}: multi-host example without a shared workdir: {cmd}"
+    flat = {name: " ".join(text.split()) for name, text in docs.items()}  # the prose wraps anywhere
+    assert "Orbax needs one directory that all hosts see" in flat["launch/README.md"]
+    assert "workdir that every worker sees, in practice a bucket" in flat["--help"]
+    assert "gcsfuse --implicit-dirs BUCKET /mnt/BUCKET" in flat["--help"]
+
+
+def _example_commands(text: str) -> list[str]:
+    """Returns the shell commands in `text`, backslash-continued lines joined."""
+    return [cmd for cmd in text.replace("\\\n", " ").splitlines() if "--" in cmd]
+
+
+def _chips(cmd: str) -> int:
+    accelerator = next((w for w in cmd.split() if w.startswith("--accelerator=")), "--accelerator=x-0")
+    suffix = accelerator.rsplit("-", 1)[-1]
+    return int(suffix) if suffix.isdigit() else 0
+
+
 @pytest.mark.parametrize("args, message", [
     (without("--name"), "--name is required"),
     (without("--zone"), "--zone is required"),
@@ -118,6 +160,10 @@ def without(*keys):
     (without("--config"), "--config is required"),
     (without("--workdir"), "--workdir is required"),
     (without("--workdir") + ["--workdir=runs/8b"], "expected an absolute path"),
+    (without("--workdir") + ["--workdir=gs://b/runs/8b"], "refuses a gs:// workdir for now; mount the bucket"),
+    (without("--workdir", "--shared-workdir") + ["--workdir=/tmp/runs/8b"], "Orbax needs one directory every host sees"),
+    ([a.replace("v5litepod-16", "v6e-32") for a in without("--workdir", "--shared-workdir")] + ["--workdir=/tmp/r"],
+     "(multi-host)"),
     (without("--config") + ["--config=configs/nope.py"], "no file configs/nope.py"),
     (without("--accelerator") + ["--accelerator=tpu9-8"], "no default runtime version"),
     (RUN + ["--colour=blue"], "unknown option '--colour'"),
@@ -142,7 +188,7 @@ def test_env_sh_round_trips_awkward_arguments(no_gcloud, tmp_path):
     shown = subprocess.run(["bash", "-c", f"source {tmp_path}/env.sh && printf '%s\\0' \"${{RMSWEB_ARGS[@]}}\" "
                             "\"${RMSWEB_EXPORTS[@]}\""], capture_output=True, text=True, check=True, timeout=30)
     assert shown.stdout.split("\0")[:-1] == [
-        "--config=configs/qwen3_vl_8b.py", "--workdir=/tmp/runs/8b", *awkward, "XLA_FLAGS=--a=1 --b"]
+        "--config=configs/qwen3_vl_8b.py", "--workdir=/mnt/my-bucket/runs/8b", *awkward, "XLA_FLAGS=--a=1 --b"]
 
 
 def fake_worker(tmp_path):
@@ -197,8 +243,11 @@ def test_notebook_is_valid_nbformat4_with_compiling_cells():
             compile(source, f"colab_tpu.ipynb cell {i}", "exec")
             code.append(source)
     text = "\n".join(code)
-    for needle in ("jax.devices()", "configs/demo.py", "qwen3_vl.from_hf(CKPT_DIR, mesh=mesh", "run_stages("):
+    for needle in ("jax.devices()", "configs/demo.py", "qwen3_vl.from_hf(CKPT_DIR, mesh=mesh", "run_stages(",
+                   'run_stage(config, "collect"', 'run_stage(config, "salvage"', "write_viewer("):
         assert needle in text
+    # test_colab_notebook.py injects its settings after the one cell tagged "parameters"
+    assert sum("parameters" in c["metadata"].get("tags", []) for c in nb["cells"]) == 1
     import nbformat  # pinned in the test extras: a missing one is an install error, not a skip
     nbformat.validate(nbformat.reads(json.dumps(nb), as_version=4))
 
@@ -221,6 +270,7 @@ def test_xm_job_helpers():
     assert xm_job.requirements_kwargs("tpu_v5e", "4x4") == {"tpu_v5e": "4x4"}
     assert xm_job.requirements_kwargs("tpu_v5p", "2x2x2") == {"tpu_v5p": "2x2x2"}
     assert xm_job.requirements_kwargs("h100", "8") == {"h100": "8"}
+    assert xm_job.requirements_kwargs("a100_80gb", "4") == {"a100_80gib": "4"}  # xm.ResourceType.A100_80GIB
     assert xm_job.requirements_kwargs("cpu", "") == {}
     for name, topology in [("tpu_v5e", "2x2x2"), ("tpu_v5p", "4x4"), ("h100", "2x4"), ("tpu_v5e", ""), ("tpu_v7", "1")]:
         with pytest.raises(ValueError, match="topology|accelerator"):
@@ -239,6 +289,72 @@ def test_xm_job_helpers():
     assert any("apt-get install" in s and "chromium" in s for s in steps)
     assert steps[-1].endswith("-c constraints.txt -e '.[tpu]'")
     assert "playwright " + "install" not in " ".join(steps)  # split so repo greps for the command stay clean
+
+
+@pytest.mark.parametrize("name, topology, machine", [
+    ("h100", "8", "a3-highgpu-8g"), ("h100", "1", "a3-highgpu-1g"), ("h100", "4", "a3-highgpu-4g"),
+    ("h200", "8", "a3-ultragpu-8g"),
+    ("a100", "2", "a2-highgpu-2g"), ("a100", "16", "a2-megagpu-16g"),
+    ("a100_80gb", "8", "a2-ultragpu-8g"), ("a100_80gb", "1", "a2-ultragpu-1g"),
+    ("cpu", "", None), ("tpu_v5e", "4x4", None),  # xmanager sizes CPU machines; TPUs are checked apart
+])
+def test_vertex_machine_type_for_each_gpu_count_vertex_offers(name, topology, machine):
+    assert xm_job.vertex_machine_type(name, topology) == machine
+
+
+@pytest.mark.parametrize("name, topology, message", [
+    ("h100", "16", "offers h100 only in machines of 1 (a3-highgpu-1g), 2 (a3-highgpu-2g), 4 (a3-highgpu-4g), 8 "),
+    ("h100", "3", "--topology=3"),
+    ("h200", "4", "offers h200 only in machines of 8 (a3-ultragpu-8g) GPUs"),
+    ("a100_80gb", "16", "8 (a2-ultragpu-8g) GPUs"),
+    ("local_gpu", "1", "local_gpu is for --backend=local"),
+])
+def test_vertex_machine_type_refuses_counts_vertex_does_not_offer(name, topology, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        xm_job.vertex_machine_type(name, topology)
+
+
+def test_check_overrides_parses_values_as_rmsweb_jax_main_does():
+    overrides = ["seed=3", "--config.model.init=hf:/gcs/b/ckpt", "config.mesh.shape=(1,2,4)", "model.scan_layers=false"]
+    parsed = xm_job.check_overrides(REPO, "configs/qwen3_vl_8b.py", overrides)
+    assert parsed == {"seed": 3, "model.init": "hf:/gcs/b/ckpt", "mesh.shape": (1, 2, 4), "model.scan_layers": False}
+    # The oracle: main's own flag parsing of the argv the job gets.
+    argv = xm_job.job_args("configs/qwen3_vl_8b.py", "/w", overrides)
+    script = ("import json, sys; from rmsweb_jax import main; main.parse_flags(['main', *sys.argv[1:]]); "
+              "c = main._CONFIG.value; "
+              "print(json.dumps([c.seed, c.model.init, list(c.mesh.shape), c.model.scan_layers]))")
+    shown = subprocess.run([sys.executable, "-c", script, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout.splitlines()[-1]) == [3, "hf:/gcs/b/ckpt", [1, 2, 4], False]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.int=hf:/x", "configs/demo.py has no key 'model.int'; nearest known keys: model.init"),
+    ("sed=1", "has no key 'sed'; nearest known keys: seed"),
+    ("model.zzzzzz=1", "nearest known keys: model.attention_impl"),  # nothing close: its parent's keys
+    ("seed=abc", "seed is int (0 in configs/demo.py) and 'abc' does not parse as one"),
+    ("model.scan_layers=maybe", "model.scan_layers is bool"),
+    ("smoke.max_new_tokens=1.5", "smoke.max_new_tokens is int"),
+    ("model=3", "model is a group of keys"),
+    ("model init", "expected KEY=VALUE"),
+])
+def test_check_overrides_refuses_unknown_keys_and_wrong_types(override, message):
+    with pytest.raises(ValueError, match=re.escape(f"--override={override!r}: ") + ".*" + re.escape(message)):
+        xm_job.check_overrides(REPO, "configs/demo.py", ["seed=1", override])
+
+
+def test_check_overrides_refuses_what_main_refuses():
+    for override in ["--config.sed=1", "--config.seed=abc"]:
+        result = subprocess.run([sys.executable, "-m", "rmsweb_jax.main", "--config=configs/demo.py", "--workdir=/w",
+                                 override], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and "rmsweb: error:" in result.stderr, result.stderr
+        with pytest.raises(ValueError, match="--override="):
+            xm_job.check_overrides(REPO, "configs/demo.py", [override])
+
+
+def test_check_overrides_names_a_missing_config_file():
+    with pytest.raises(ValueError, match=r"--config=configs/nope.py: no file .*configs/nope.py"):
+        xm_job.check_overrides(REPO, "configs/nope.py", [])
 
 
 def test_xm_stage_source_ships_the_tree_without_venv(tmp_path):

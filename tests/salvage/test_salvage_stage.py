@@ -33,10 +33,15 @@ def _config():
     c.mesh.shape = (1, 1, 1)
     c.data.buckets = (2560,)
     c.data.bucket_patches = (640,)
-    c.train.batch_size = 4
-    c.train.optimizer.lr = 3e-3
-    c.train.optimizer.warmup_steps = 1
-    c.train.optimizer.total_steps = STEPS
+    # config.train as an SFT stage would have it; salvage.train gives Salvage-DS its own batch, length, rate
+    c.train.batch_size = 1
+    c.train.optimizer.lr = 1e-5
+    c.train.optimizer.warmup_steps = 50
+    c.train.optimizer.total_steps = 100
+    c.salvage.train.batch_size = 4  # 1 group x 2 samples + room for 2 anchor rows
+    c.salvage.train.lr = 3e-3
+    c.salvage.train.warmup_steps = 1
+    c.salvage.train.total_steps = STEPS
     c.train.checkpoint.every_steps = 1
     c.train.checkpoint.keep = 5
     c.train.checkpoint.async_save = False

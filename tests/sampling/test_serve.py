@@ -64,7 +64,8 @@ def _bad_requests(name):
         "bad_role": ({"messages": [{"role": "robot", "content": "hi"}]}, {}, 400, "messages[0].role"),
         "missing_model": ({"model": None}, {}, 400, "model"),
         "unknown_model": ({"model": "gpt-9"}, {}, 404, "model"),
-        "n_2": ({"n": 2}, {}, 400, "n"),
+        "n_over_limit": ({"n": 17}, {}, 400, "n"),  # the default max_n is 16
+        "n_0": ({"n": 0}, {}, 400, "n"),
         "stream": ({"stream": True}, {}, 400, "stream"),
         "max_tokens_over_limit": ({"max_tokens": 65}, {}, 400, "max_tokens"),
         "bad_temperature": ({"temperature": "hot"}, {}, 400, "temperature"),
@@ -84,8 +85,9 @@ def _bad_requests(name):
 
 
 BAD = ["bad_json", "not_an_object", "oversized_body", "wrong_api_key", "missing_api_key", "missing_messages",
-       "empty_messages", "bad_role", "missing_model", "unknown_model", "n_2", "stream", "max_tokens_over_limit",
-       "bad_temperature", "bad_image_base64", "not_an_image", "remote_image", "image_in_system_turn"]
+       "empty_messages", "bad_role", "missing_model", "unknown_model", "n_over_limit", "n_0", "stream",
+       "max_tokens_over_limit", "bad_temperature", "bad_image_base64", "not_an_image", "remote_image",
+       "image_in_system_turn"]
 
 
 @pytest.mark.parametrize("case", BAD)

@@ -13,6 +13,7 @@ from rmsweb_jax.collect.store_fixture import retry_group
 from rmsweb_jax.evaluate.stats import mcnemar_exact, paired_bootstrap_interval, wilson_interval
 from rmsweb_jax.main import STAGES, run_stages
 from rmsweb_jax.stages import manifest, table
+from rmsweb_jax.train.metrics import read_metrics
 from tests.stages.micro_pipeline import micro_pipeline_config
 
 TASKS = ("t0", "t1", "t2", "t3")
@@ -64,11 +65,50 @@ def test_the_policy_rows_compare_each_row_with_the_reflection_sft_on_the_same_pa
                                                        "tau": 0.5, "failure_modes": [
                                                            {"mode": "wrong_target", "states": 2, "share": 1.0}]}})
     assert "- RMSWeb (SFT + mining + Salvage-DS): +75.0 pts vs SFT (reflection-collected data); the paired " \
-           "interval excludes 0." in text
+           "interval excludes 0: above it at this scale." in text
     assert "- SFT (first-attempt data): +0.0 pts vs SFT (reflection-collected data); the paired interval includes " \
            "0: a difference is not shown at this scale." in text
     assert "| SFT (reflection-collected data) | 5 / 20 | 25.0% |" in text and "| wrong_target | 2 | 100.0% |" in text
     assert "| plain (no reflection, randomness re-drawn) | 50.0% | 60.0% | 2.00 |" in text
+    assert "## Salvage-DS" not in text  # a table without the salvage summary (older runs) has no such section
+
+
+def _empty_table():
+    return {"collection": {"collector": "c", "attempts_k": 2, "success_rule": "solved",
+                           "plain": {"groups": 1, "success_at_1": 0.0, "success_at_le_K": 0.0, "mean_steps_solved": None},
+                           "reflection": {"groups": 1, "success_at_1": 0.0, "success_at_le_K": 0.0,
+                                          "mean_steps_solved": None}},
+            "policies": {"pairs": 0, "all_solved_pairs": 0, "rows": [], "bootstrap": {"samples": 10}},
+            "mining": {"states": 0, "critical": 0, "routine": 0, "critical_share": 0.0, "tau": 0.5,
+                       "failure_modes": []}}
+
+
+def test_the_salvage_summary_weights_each_logged_window_by_its_updates(tmp_path):
+    run_dir = tmp_path / "salvage"
+    run_dir.mkdir()
+    # Logged at updates 2 and 5: window means over updates 1-2 and 3-5.
+    base = dict.fromkeys(table.SALVAGE_FIGURES, 0.0)
+    lines = [{**base, "step": 2, "states_drawn": 4.0, "groups_accepted": 1.0, "groups_anchored": 3.0,
+              "reward_mean": -0.5, "correct_share": 0.25},
+             {**base, "step": 5, "states_drawn": 2.0, "groups_accepted": 2.0, "groups_anchored": 0.0,
+              "reward_mean": 0.5, "correct_share": 0.75}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    got = table.salvage_summary(run_dir)
+    u = got["per_update"]
+    assert got["updates"] == 5
+    assert u["states_drawn"] == pytest.approx((2 * 4 + 3 * 2) / 5)
+    assert u["groups_accepted"] == pytest.approx((2 * 1 + 3 * 2) / 5)
+    assert u["reward_mean"] == pytest.approx((2 * -0.5 + 3 * 0.5) / 5)
+    assert got["accepted_share"] == pytest.approx(8 / 14) and got["anchored_share"] == pytest.approx(6 / 14)
+    assert (got["correct_share_first"], got["correct_share_last"]) == (0.25, 0.75)
+    text = table.markdown({**_empty_table(), "salvage": got})
+    assert "5 updates. Per update: 2.80 states drawn, 1.60 groups accepted by the gates (57.1% of those drawn), " \
+           "1.20 anchored (42.9%;" in text
+    assert "right 25.0% in the first logged window, 75.0% in the last." in text
+    one = table.markdown({**_empty_table(), "salvage": {**got, "windows": 1}})
+    assert f"right {100 * got['per_update']['correct_share']:.1f}% (one logged window)." in one
+    with pytest.raises(table.UserError, match="metrics.jsonl is missing"):
+        table.salvage_summary(tmp_path / "nowhere")
 
 
 def test_the_variants_change_only_their_fields_and_link_the_main_stages_they_read(tmp_path):
@@ -205,6 +245,17 @@ def test_the_micro_pipeline_prints_the_table_every_figure_from_the_stores_and_a_
                    "| policy | solved / episodes | success | 95% CI | mean steps (all solved) | difference vs SFT "
                    "(reflection) | 95% CI (paired) | McNemar p |", "| failure mode | critical states | share |"):
         assert header in md
+
+    # Salvage-DS: salvage/metrics.jsonl, logged every update in the micro config.
+    logged = read_metrics(tmp_path / "salvage" / "metrics.jsonl")
+    sal = got["salvage"]
+    assert sal["updates"] == config.train.optimizer.total_steps == len(logged)
+    for name in table.SALVAGE_FIGURES:
+        assert sal["per_update"][name] == pytest.approx(sum(m[name] for m in logged.values()) / len(logged)), name
+    drawn = sum(m["states_drawn"] for m in logged.values())
+    assert sal["accepted_share"] == pytest.approx(sum(m["groups_accepted"] for m in logged.values()) / drawn)
+    assert sal["anchored_share"] == pytest.approx(sum(m["groups_anchored"] for m in logged.values()) / drawn)
+    assert f"## Salvage-DS\n\n{len(logged)} updates. Per update: " in md
 
     # A rerun redoes nothing; the table forced to rerun finds every variant stage up to date.
     capsys.readouterr()

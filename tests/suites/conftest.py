@@ -22,6 +22,6 @@ def miniwob_suite():
 def miniwob_worker(loop, miniwob_suite):
     """A started BrowserWorker on the MiniWoB suite."""
     worker = BrowserWorker(miniwob_suite)
-    loop.run(worker.start(), 60)
+    loop.run(worker.start(), 120)
     yield worker
     loop.run(worker.close(), 60)

@@ -31,6 +31,6 @@ def page_task(page_server):
 def live_worker(loop):
     """A started BrowserWorker on a LiveSuite (640x480, fresh context per episode)."""
     worker = BrowserWorker(LiveSuite(viewport=(640, 480), settle_s=0.1), WorkerConfig(step_timeout_s=10))
-    loop.run(worker.start(), 60)
+    loop.run(worker.start(), 120)
     yield worker
     loop.run(worker.close(), 60)

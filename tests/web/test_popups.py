@@ -128,7 +128,7 @@ def servers():
 def _worker(loop, strict):
     worker = BrowserWorker(LiveSuite(viewport=(400, 300), settle_s=0.05, check_subresources=strict),
                            WorkerConfig(step_timeout_s=20, navigation_timeout_s=10))
-    loop.run(worker.start(), 60)
+    loop.run(worker.start(), 120)
     return worker
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from rmsweb_jax.suites.live import LiveSuite
 from rmsweb_jax.web.actions import Action
-from rmsweb_jax.web.browser import find_chromium, marked_pids
+from rmsweb_jax.web.browser import LaunchTimeout, find_chromium, marked_pids
 from rmsweb_jax.web.episode import EpisodeRequest
 from rmsweb_jax.web.sync_pool import WorkerPool
 from rmsweb_jax.web.worker import BrowserWorker, WorkerConfig, WorkerFault
@@ -86,3 +86,47 @@ def test_the_pool_delivers_every_episode_once_when_a_relaunch_dies(page_task, dy
             assert [o.step for o in e.observations] == [0, 1, 2, 3]
         else:
             assert e.attempts == 1 and e.faults == ()
+
+
+@pytest.fixture
+def hanging_chromium(tmp_path):
+    """Returns (executable, flag): while `flag` exists, a launch hangs (a shell that never starts
+    Chromium, with the launch's arguments, marker included, on its command line) and removes the flag."""
+    flag = tmp_path / "hang-on-next-launch"
+    script = tmp_path / "chromium"
+    script.write_text(f"#!/bin/bash\nif rm '{flag}' 2>/dev/null; then while true; do sleep 1; done; fi\n"
+                      f"exec '{find_chromium()}' \"$@\"\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script), flag
+
+
+def test_a_launch_that_hangs_is_killed_and_the_next_attempt_starts_the_browser(loop, page_task, hanging_chromium):
+    executable, flag = hanging_chromium
+    flag.touch()
+    worker = BrowserWorker(LiveSuite(viewport=(320, 240), settle_s=0.0),
+                           WorkerConfig(executable=executable, launch_timeout_s=4, launch_attempts=2))
+    try:
+        loop.run(worker.start(), 60)
+        assert not flag.exists()  # the first launch hung: it removed the flag
+        pids = marked_pids(worker.marker, exact=True)
+        assert len(pids) == 1  # the hung shell was killed; only the browser of the second launch is left
+        with open(f"/proc/{pids[0]}/cmdline", "rb") as f:
+            assert b"bash" not in f.read().split(b"\0")[0]
+        obs = loop.run(worker.reset(page_task("other.html")), 30)
+        assert obs.url.endswith("other.html")
+    finally:
+        loop.run(worker.close(), 30)
+    assert marked_pids(worker.marker, exact=True) == []
+
+
+def test_a_launch_that_hangs_every_time_fails_naming_the_attempts_and_leaves_nothing(loop, tmp_path):
+    script = tmp_path / "chromium"
+    script.write_text("#!/bin/bash\nwhile true; do sleep 1; done\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    worker = BrowserWorker(LiveSuite(), WorkerConfig(executable=str(script), launch_timeout_s=2, launch_attempts=2))
+    try:
+        with pytest.raises(LaunchTimeout, match=r"did not start within 2 s in 2 attempts"):
+            loop.run(worker.start(), 60)
+        assert marked_pids(worker.marker, exact=True) == []
+    finally:
+        loop.run(worker.close(), 30)

@@ -2,7 +2,7 @@
 `--config=configs/qwen3_vl_32b_salvage.py:v5p` (default) or `:v6e`.
 
     python -m rmsweb_jax.plan --config=configs/qwen3_vl_32b_salvage.py:v5p
-    python -m rmsweb_jax.main --config=configs/qwen3_vl_32b_salvage.py:v5p --workdir=gs://bucket/run32b
+    python -m rmsweb_jax.main --config=configs/qwen3_vl_32b_salvage.py:v5p --workdir=/mnt/bucket/run32b
 
 Runs `mine` then `salvage` in a workdir whose `sft` stage ran (configs/qwen3_vl_32b_sft.py, same slice):
 both start from <workdir>/sft/hf. The slice layout is the SFT preset's (the trainer and the sampler share

@@ -2,7 +2,7 @@
 
     python -m rmsweb_jax.plan --config=configs/qwen3_vl_32b_sft.py:v5p
     python -m rmsweb_jax.main --config=configs/qwen3_vl_32b_sft.py:v5p \
-        --config.model.init=hf:/data/Qwen3-VL-32B-Instruct --workdir=gs://bucket/run32b
+        --config.model.init=hf:/data/Qwen3-VL-32B-Instruct --workdir=/mnt/bucket/run32b
 
 Architecture (models/qwen3_vl/config.py preset '32b'), as in Qwen/Qwen3-VL-32B-Instruct's config.json on
 the Hugging Face Hub: text hidden 5120, 64 layers, 64 query / 8 KV heads of 128, MLP 25600, vocabulary

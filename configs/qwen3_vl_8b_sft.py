@@ -2,7 +2,7 @@
 
     python -m rmsweb_jax.plan --config=configs/qwen3_vl_8b_sft.py:v6e        # the memory plan, no devices
     python -m rmsweb_jax.main --config=configs/qwen3_vl_8b_sft.py:v5p \
-        --config.model.init=hf:/data/Qwen3-VL-8B-Instruct --workdir=gs://bucket/run8b
+        --config.model.init=hf:/data/Qwen3-VL-8B-Instruct --workdir=/mnt/bucket/run8b
 
 Architecture (models/qwen3_vl/config.py preset '8b'), as in Qwen/Qwen3-VL-8B-Instruct's config.json on
 the Hugging Face Hub: text hidden 4096, 36 layers, 32 query / 8 KV heads of 128, MLP 12288, vocabulary

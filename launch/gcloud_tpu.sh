@@ -23,7 +23,8 @@ Required for a run:
   --zone=ZONE             e.g. us-west4-a (v5e), us-east5-a (v5p)
   --accelerator=TYPE      v5litepod-8 (v5e, one host), v5litepod-16 (multi-host), v5p-8, v5p-32, v6e-8 ...
   --config=PATH[:ARG]     config file relative to the repo root, e.g. configs/qwen3_vl_8b.py
-  --workdir=DIR           absolute path on the workers; on a multi-host slice a folder every worker mounts
+  --workdir=DIR           gs://BUCKET/FOLDER (one folder every worker sees), or an absolute path on the
+                          workers; on a multi-host slice a path must be a folder every worker mounts
                           (a bucket through gcsfuse, with --shared-workdir; see below)
 
 Options:
@@ -58,11 +59,13 @@ Multi-host slices (a type numbered past 8: v5litepod-16, v5p-16, v6e-16, v4-16 a
 workdir that every worker sees, in practice a bucket. All workers save each Orbax checkpoint together,
 each writing its own shards into the same directory, and resume from it; on each worker's own disk
 each would hold a partial checkpoint that no worker can restore, and the store, metrics and reports
-would be split across hosts. rmsweb_jax.main writes local paths (a gs:// workdir is refused until the
-storage layer lands), so mount the bucket with gcsfuse at the same path on every worker
-(gcsfuse --implicit-dirs BUCKET /mnt/BUCKET) and pass --workdir=/mnt/BUCKET/runs/NAME --shared-workdir.
-The workers reach the bucket with the TPU VM's service account (created with the cloud-platform
-scope); keep the bucket in the slice's region.
+would be split across hosts. Pass --workdir=gs://BUCKET/runs/NAME: the stages model, collect,
+train_smoke, sft and action_accuracy read and write the bucket directly (Orbax checkpoints through
+tensorstore, the rest through etils.epath/gcsfs). mine, salvage, eval and table still write local
+paths: for them rmsweb_jax.main refuses a gs:// workdir at start, naming them; mount the bucket with
+gcsfuse at the same path on every worker (gcsfuse --implicit-dirs BUCKET /mnt/BUCKET) and pass
+--workdir=/mnt/BUCKET/runs/NAME --shared-workdir. The workers reach the bucket with the TPU VM's
+service account (created with the cloud-platform scope); keep the bucket in the slice's region.
 EOF
 }
 
@@ -192,8 +195,8 @@ esac
 [[ -n "$CONFIG" ]] || die "--config is required (e.g. --config=configs/qwen3_vl_8b.py)"
 [[ -n "$WORKDIR" ]] || die "--workdir is required (e.g. --workdir=/mnt/MY_BUCKET/runs/8b)"
 case "$WORKDIR" in
-  gs://*) die "--workdir=$WORKDIR: rmsweb_jax.main writes local paths and refuses a gs:// workdir for now;" \
-    "mount the bucket with gcsfuse at the same path on every worker and pass --workdir=/mnt/BUCKET/... --shared-workdir" ;;
+  gs://?*/*) ;;  # one folder every worker sees; rmsweb_jax.main refuses the stages that cannot write it yet
+  gs://*) die "--workdir=$WORKDIR: expected gs://BUCKET/FOLDER" ;;
   /*)
     # A type numbered past 8 spans several hosts (v5litepod-16: 4 hosts of 4 chips; v5p-16: 2 hosts of 4
     # chips, v5p counting TensorCores); v5litepod-8, v5p-8, v6e-8 and v4-8 are one host.

@@ -59,3 +59,23 @@ def loop():
     from rmsweb_jax.web.loop_thread import LoopThread
     with LoopThread() as lt:
         yield lt
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    """Yields the gs:// URL of an empty bucket on a GCS emulator on 127.0.0.1 (tests/storage_emulator.py), with
+    gcsfs, tensorstore and the bucket mirrors pointed at it for the whole session."""
+    from tests.storage_emulator import BUCKET, emulator_env, start_emulator, stop_emulator
+    root = tmp_path_factory.mktemp("gcs")
+    proc, url = start_emulator(root / "emulator.log")
+    saved = {k: os.environ.get(k) for k in emulator_env(url, root)}
+    os.environ.update(emulator_env(url, root / "mirrors"))
+    try:
+        yield f"gs://{BUCKET}"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        stop_emulator(proc)

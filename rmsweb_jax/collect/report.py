@@ -16,13 +16,14 @@ Figures (a "group" is every attempt of one task with one seed):
 """
 from __future__ import annotations
 
+import io
 import json
 import os
-import pathlib
 from typing import Any, Iterable
 
 from PIL import Image, ImageDraw
 
+from rmsweb_jax import storage
 from rmsweb_jax.collect.records import FAULT_JUDGE, TrajectoryRecord
 from rmsweb_jax.collect.store import RETRY_MODE_MEANINGS, StoreError, TrajectoryStore
 from rmsweb_jax.suites.success_rule import SUCCESS_RULES, check_success_rule, counts_as_success, is_solved
@@ -154,16 +155,18 @@ def write_report(store_dir: str | os.PathLike, out_dir: str | os.PathLike, attem
     """Returns the report of the store at `store_dir` (collected under `success_rule`), written to
     out_dir/<name>.json, .md and .png. `extra` (e.g. this run's wall time) is added under "run" in
     the JSON only."""
-    out_dir = pathlib.Path(out_dir)
+    out_dir = storage.as_path(out_dir)  # local, or gs://
     out_dir.mkdir(parents=True, exist_ok=True)
     with TrajectoryStore(store_dir) as store:
         report = compute_report(store, attempts, success_rule=success_rule)
-    report["store"] = str(pathlib.Path(store_dir))
+    report["store"] = str(storage.as_path(store_dir))
     if extra:
         report["run"] = extra
-    (out_dir / f"{name}.json").write_text(json.dumps(report, indent=2))
-    (out_dir / f"{name}.md").write_text(render_markdown(report))
-    render_plot(report).save(out_dir / f"{name}.png")
+    storage.write_text_atomic(out_dir / f"{name}.json", json.dumps(report, indent=2))
+    storage.write_text_atomic(out_dir / f"{name}.md", render_markdown(report))
+    png = io.BytesIO()
+    render_plot(report).save(png, format="PNG")
+    storage.write_bytes_atomic(out_dir / f"{name}.png", png.getvalue())
     return report
 
 

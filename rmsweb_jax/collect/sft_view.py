@@ -24,6 +24,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 from grain.python import ArrayRecordDataSource
 
+from rmsweb_jax import storage
 from rmsweb_jax.agents.policy import PastStep, StepContext
 from rmsweb_jax.collect.records import StepRecord
 from rmsweb_jax.collect.store import StoreError, TrajectoryStore
@@ -83,7 +84,7 @@ class SFTView:
         if attempts not in ATTEMPT_CHOICES:
             raise ValueError(f"SFTView attempts={attempts!r}: expected one of {list(ATTEMPT_CHOICES)} (config.data."
                              f"attempts: {', '.join(f'{k} = {v}' for k, v in ATTEMPT_CHOICES.items())})")
-        self.store_dir = pathlib.Path(store_dir)
+        self.store_dir = store_dir if storage.is_remote(store_dir) else pathlib.Path(store_dir)
         self.attempts = attempts
         store = TrajectoryStore(self.store_dir)
         try:

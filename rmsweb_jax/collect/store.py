@@ -24,6 +24,12 @@ refused: one store, one meaning of "retried").
 
 Shards are written with group_size 1, so Grain's ArrayRecordDataSource reads any record
 directly (see sft_view.SFTView for the training view).
+
+A store on a bucket (gs://...) is read and written through a local mirror (rmsweb_jax/storage.py):
+array_record reads and writes local files only. Opening pulls the bucket folder into the mirror
+(files the bucket lacks, e.g. shards a killed writer never uploaded, are dropped); a flush uploads
+its steps shard, its trajectories shard and then its marker, so on the bucket too the marker commits
+the flush. A bucket has no flock: one writer per store is the caller's duty (process 0 on a pod slice).
 """
 from __future__ import annotations
 
@@ -38,9 +44,10 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 
 from rmsweb_jax.collect.records import SCHEMA_VERSION, StepRecord, TrajectoryRecord
 from rmsweb_jax.collect.store_layout import (
-    LAYOUT, STEPS, STORE_FILE, STORE_FORMAT, TMP_PREFIX, TRAJECTORIES, Flush, StoreError, close_failed, describe,
+    LAYOUT, LOCK_FILE, STEPS, STORE_FILE, STORE_FORMAT, TMP_PREFIX, TRAJECTORIES, Flush, StoreError, close_failed, describe,
     find_damage, load_flushes, lock_store, marker_name, open_reader, orphan_files,
     parse_shard_name, read_meta, repair_hint, shard_name, used_seqs, write_atomic)
+from rmsweb_jax import storage
 from rmsweb_jax.durable import file_sha256, fsync_dir, fsync_file
 
 # group_size 1: every record is its own chunk, as random access (Grain) wants. zstd is cheap on
@@ -73,7 +80,10 @@ class TrajectoryStore:
     def __init__(self, directory: str | os.PathLike, *, verify: str = "quick"):
         if verify not in VERIFY:
             raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
-        self.directory = pathlib.Path(directory)
+        # A gs:// store is read from its local mirror; `location` names the store as the user gave it.
+        self.location = str(directory)
+        self.remote = self.location if storage.is_remote(directory) else None
+        self.directory = storage.pull_tree(directory, keep=(LOCK_FILE,), rewritten=(STORE_FILE,))
         self.meta = read_meta(self.directory)
         self._flushes, damage = load_flushes(self.directory, self.meta)
         damage += find_damage(self.directory, self._flushes, full=verify == "full")
@@ -210,18 +220,24 @@ class StoreWriter(TrajectoryStore):
             raise ValueError(f"flush_every_tasks must be >= 1, got {flush_every_tasks!r}")
         if flush_every_s < 0:
             raise ValueError(f"flush_every_s must be >= 0, got {flush_every_s!r}")
-        directory = pathlib.Path(directory)
+        remote = str(directory) if storage.is_remote(directory) else None
+        directory = storage.mirror_dir(remote) if remote else pathlib.Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self._lock = lock_store(directory)
+        self._lock = lock_store(directory)  # on a bucket: one writer per mirror; one per store is the caller's duty
         try:
+            if remote:
+                storage.pull_tree(remote, keep=(LOCK_FILE,), rewritten=(STORE_FILE,))
             if not (directory / STORE_FILE).exists():
                 _write_json(directory / STORE_FILE, {
                     "format": STORE_FORMAT, "schema_version": SCHEMA_VERSION, "layout": LAYOUT,
                     "created": time.time(), "policy": policy, "provenance": provenance})
             check_policy(directory, read_meta(directory), policy)
             self.removed_orphans = _remove_orphans(directory)
-            super().__init__(directory, verify="full")
+            super().__init__(directory, verify="full")  # the local folder (a bucket's mirror, pulled above)
             self._adopt(policy, provenance)
+            self.remote, self.location = remote, remote or self.location
+            if remote:  # the bucket loses the orphans removed here and gains store.json's updates
+                storage.push_tree(directory, remote, skip=(LOCK_FILE,), rewritten=(STORE_FILE,))
         except BaseException:
             self._lock.close()
             raise
@@ -262,6 +278,8 @@ class StoreWriter(TrajectoryStore):
             meta = {**self.meta, "retry_mode": mode}
             _write_json(self.directory / STORE_FILE, meta)
             self.meta = meta
+            if self.remote:
+                storage.push_files(self.directory, self.remote, [STORE_FILE])
 
     def finished_task_keys(self) -> set[tuple[str, int]]:
         """Returns the (task id, seed) of every committed or buffered task group."""
@@ -311,6 +329,9 @@ class StoreWriter(TrajectoryStore):
         traj_info = _write_shard(self.directory / shard_name(TRAJECTORIES, seq), (t.to_bytes() for t in trajectories))
         flush = Flush(seq, traj_info, steps_info, tuple(group[0][0].key for group in self._buffer))
         _write_json(self.directory / marker_name(seq), flush.to_json())  # the commit
+        if self.remote:  # the marker last: on the bucket too it commits the flush
+            storage.push_files(self.directory, self.remote, [*([steps_name] if steps else []),
+                                                             traj_info["file"], marker_name(seq)])
         self._flushes[seq] = flush
         self._committed |= set(flush.task_groups)
         self._buffer, self._buffered_since = [], None

@@ -19,10 +19,13 @@ import pathlib
 import sys
 import time
 
+from rmsweb_jax import storage
 from rmsweb_jax.collect.records import StepRecord, TrajectoryRecord
-from rmsweb_jax.collect.store_layout import (QUARANTINE, Damage, Flush, StoreError, describe, find_damage,
-                                             load_flushes, lock_store, orphan_files, read_all, read_meta, write_atomic)
+from rmsweb_jax.collect.store_layout import (LOCK_FILE, QUARANTINE, STORE_FILE, Damage, Flush, StoreError, describe,
+                                             find_damage, load_flushes, lock_store, orphan_files, read_all, read_meta,
+                                             write_atomic)
 from rmsweb_jax.durable import fsync_dir
+from rmsweb_jax.errors import UserError
 
 
 def check(directory: pathlib.Path) -> tuple[dict[int, Flush], list[Damage], list[str]]:
@@ -121,10 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     action.add_argument("--repair", metavar="DIR", help="move damaged flushes to DIR/quarantine/<time>/")
     args = parser.parse_args(argv)
     try:
-        if args.check:
-            return _print_check(pathlib.Path(args.check))
+        if args.check:  # a gs:// store is checked in its local mirror
+            return _print_check(storage.pull_tree(args.check, keep=(LOCK_FILE,), rewritten=(STORE_FILE,)))
+        storage.refuse_remote(args.repair, "--repair")  # quarantining renames files: repair a local copy
         return _repair(pathlib.Path(args.repair))
-    except StoreError as e:
+    except (StoreError, UserError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -34,6 +34,7 @@ import grain
 import numpy as np
 from absl import flags, logging
 
+from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import PromptBuilder, PromptConfig
 from rmsweb_jax.collect.sft_view import ATTEMPT_CHOICES, SFTExample, SFTView
 from rmsweb_jax.collect.store_provenance import check_provenance, provenance
@@ -87,7 +88,7 @@ class SFTDataConfig:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"config.data has unknown key(s) {unknown}; known: {sorted(names)}")
-        d["store_dir"] = str(d.get("store_dir") or pathlib.Path(workdir) / "store")
+        d["store_dir"] = str(d.get("store_dir") or storage.as_path(workdir) / "store")
         return cls(**d)
 
     def view(self) -> SFTView:

@@ -27,6 +27,7 @@ import pathlib
 import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
+from rmsweb_jax import storage
 from rmsweb_jax.collect.records import FAULT_JUDGE, TrajectoryRecord
 from rmsweb_jax.collect.report import check_store_success_rule
 from rmsweb_jax.collect.store import StoreError, TrajectoryStore
@@ -288,11 +289,10 @@ def success_rows(report: Mapping[str, Any]) -> dict[str, dict[str, dict[str, Any
 def write_report(report: Mapping[str, Any], out_dir: str | os.PathLike, name: str = "eval_report"
                  ) -> dict[str, pathlib.Path]:
     """Returns {"json", "md", "png"}: the paths out_dir/<name>.{json,md,png} where the report was written."""
-    out_dir = pathlib.Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = storage.as_path(out_dir)  # local, or gs://
     paths = {ext: out_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
-    paths["json"].write_text(json.dumps(report, indent=2))
-    paths["md"].write_text(markdown(report))
+    storage.write_text_atomic(paths["json"], json.dumps(report, indent=2))
+    storage.write_text_atomic(paths["md"], markdown(report))
     plots.success_by_task_png(success_rows(report), paths["png"], title="success by task (%), whiskers: 95% "
                               f"interval (tasks: Wilson; {ALL}: bootstrap over tasks)")
     return paths

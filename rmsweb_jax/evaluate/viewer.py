@@ -33,6 +33,7 @@ from typing import Sequence
 from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
+from rmsweb_jax import storage
 from rmsweb_jax.collect.records import StepRecord, TrajectoryRecord
 from rmsweb_jax.collect.store import TrajectoryStore
 
@@ -50,7 +51,7 @@ def write_viewer(stores: Sequence[str | pathlib.Path], out_dir: str | pathlib.Pa
     """Returns out_dir/index.html after writing the index and one page per episode of `stores`
     (at most `max_episodes` of each store, in task/seed/attempt order; 0: all). `labels` name the
     stores' policies in the pages (default: the store's recorded policy, else its folder name)."""
-    stores = [pathlib.Path(s) for s in stores]
+    stores = [storage.as_path(s) for s in stores]  # a gs:// store is read through its mirror (TrajectoryStore)
     if not stores:
         raise ValueError("write_viewer needs at least one store folder (--store=DIR)")
     if labels is not None and len(labels) != len(stores):

@@ -166,10 +166,41 @@ class ReferenceLogprobs:
                    for ex in examples]
         length = round_up(max(len(e["input_ids"]) for e in encoded), LOGPROB_LENGTH_QUANTUM)
         patches = round_up(max(sum(len(e["pixel_values"]) for e in encoded), 1), LOGPROB_PATCH_QUANTUM)
+        import jax
+        if not jax.tree.leaves(self.parts.params)[0].is_fully_addressable:  # a mesh over several processes
+            return self._over_processes(encoded, length, patches)
         host = assemble([[e] for e in encoded], length, patches, image_config.patch_dim, pad_id=model.pad_id)
         batch = prepare_batch(host, model.model.config, 1)
         logps = sequence_logprobs(self._fn(self.parts.params, batch), batch.weights)
         return [float(x) for x in np.asarray(logps)[0]]
+
+    def _over_processes(self, encoded: list[dict], length: int, patches: int) -> list[float]:
+        """Returns the log-probs of `encoded` (the same rows on every process) from one forward pass on the
+        global mesh: each process places its block of the rows (padded to a whole number of rows per local
+        device), and the per-row results are gathered back into `encoded`'s order."""
+        import jax
+        from jax.experimental import multihost_utils
+
+        from rmsweb_jax.data.batching import assemble
+        from rmsweb_jax.models.sharding import DEFAULT_RULES
+        from rmsweb_jax.train import batch as batch_lib
+        from rmsweb_jax.train.global_images import row_owners
+        from rmsweb_jax.train.image_batch import round_up
+        from rmsweb_jax.train.logprobs import sequence_logprobs
+        model, me, hosts = self.chat_model, jax.process_index(), jax.process_count()
+        mesh = jax.tree.leaves(self.parts.params)[0].sharding.mesh  # the mesh the model was loaded on
+        local = round_up(-(-len(encoded) // hosts), jax.local_device_count())
+        mine = encoded[me * local:(me + 1) * local]
+        host = assemble([[e] for e in mine] + [[]] * (local - len(mine)), length, patches,
+                        model.image_config.patch_dim, pad_id=model.pad_id)
+        batch = batch_lib.prepare_batch(host, model.model.config, 1, rows=local, mesh=mesh, rules=DEFAULT_RULES)
+        placed = batch_lib.to_global(batch, batch_lib.batch_shardings(batch, mesh, DEFAULT_RULES))
+        logps = np.asarray(multihost_utils.process_allgather(
+            sequence_logprobs(self._fn(self.parts.params, placed), placed.weights), tiled=True))[0]
+        owners = row_owners(batch_lib.row_sharding(mesh, DEFAULT_RULES, (1, local * hosts, length), 1),
+                            (1, local * hosts, length))
+        at = {(int(p), int(r)): g for g, (p, r) in enumerate(owners)}
+        return [float(logps[at[(j // local, j % local)]]) for j in range(len(encoded))]
 
 
 def replay(view, indices: Sequence[int], chat_model, builder: PromptBuilder, settings: ReplaySettings, *,

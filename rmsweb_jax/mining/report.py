@@ -9,12 +9,14 @@ them), and what the run measured (throughput, steps skipped by label, the state 
 from __future__ import annotations
 
 import collections
+import io
 import json
 import pathlib
 from typing import Any, Sequence
 
 from PIL import Image, ImageDraw
 
+from rmsweb_jax import storage
 from rmsweb_jax.mining.state_set import SOURCES, CriticalState
 from rmsweb_jax.mining.taxonomy import TAXONOMY
 
@@ -125,11 +127,13 @@ def render_plot(report: dict[str, Any], size: tuple[int, int] = (720, 360)) -> I
 
 
 def write_report(out_dir: str | pathlib.Path, report: dict[str, Any]) -> dict[str, pathlib.Path]:
-    """Writes report.json, report.md and failure_modes.png into `out_dir`; returns their paths."""
-    out_dir = pathlib.Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Writes report.json, report.md and failure_modes.png into `out_dir` (a local folder or gs://); returns their
+    paths."""
+    out_dir = storage.as_path(out_dir)
     paths = {"json": out_dir / JSON_NAME, "markdown": out_dir / MARKDOWN_NAME, "plot": out_dir / PLOT_NAME}
-    paths["json"].write_text(json.dumps(report, indent=2))
-    paths["markdown"].write_text(render_markdown(report))
-    render_plot(report).save(paths["plot"])
+    storage.write_text_atomic(paths["json"], json.dumps(report, indent=2))
+    storage.write_text_atomic(paths["markdown"], render_markdown(report))
+    png = io.BytesIO()
+    render_plot(report).save(png, format="PNG")
+    storage.write_bytes_atomic(paths["plot"], png.getvalue())
     return paths

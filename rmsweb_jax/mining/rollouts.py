@@ -48,6 +48,7 @@ from rmsweb_jax.collect.records import StepRecord, TrajectoryRecord
 from rmsweb_jax.collect.report import check_store_success_rule
 from rmsweb_jax.collect.retries import CollectSummary, RetryCollector
 from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store_layout import STORE_FILE
 from rmsweb_jax.collect.store_provenance import policy_provenance
 from rmsweb_jax.judges.base import ERROR, Judge
 from rmsweb_jax.mining.state_set import CriticalState, state_id
@@ -77,7 +78,8 @@ def policy_id(policy_name: str) -> str:
 
 def rollout_store_dir(workdir: str | os.PathLike, policy_name: str) -> pathlib.Path:
     """Returns `<workdir>/mine/rollouts/<policy id>/`, the rollout store of the policy named `policy_name`."""
-    return pathlib.Path(workdir) / ROLLOUTS_DIR / policy_id(policy_name)
+    from rmsweb_jax import storage  # a gs:// workdir stays one (the store mirrors it)
+    return storage.as_path(workdir) / str(ROLLOUTS_DIR) / policy_id(policy_name)
 
 
 def reference_task_groups(reference_store_dir: str | os.PathLike,
@@ -104,17 +106,38 @@ def run_rollouts(config, workdir: str | os.PathLike, policy: Policy, tasks_and_s
     = 1, no reflection) on each (task, seed) not yet in its store `<workdir>/mine/rollouts/<policy
     id>/`. The collection settings (workers, max_steps, timeouts, flushes, success rule) are
     config.collect's, as the reference collection had them; `suite` and `judge` are built by the
-    caller (stages/collect.py make_suite / make_judge)."""
+    caller (stages/collect.py make_suite / make_judge).
+
+    On several processes each plays its share of the groups into its own part store and process 0
+    merges the parts into the rollout store (evaluate/host_shares.py), so every host returns the same
+    store; the summary is this process's."""
+    import jax
+
+    from rmsweb_jax.evaluate import host_shares
     cfg = config.collect
     store_dir = rollout_store_dir(workdir, policy.name)
-    with StoreWriter(store_dir, flush_every_tasks=cfg.flush_every_tasks, flush_every_s=cfg.flush_every_s,
+    hosts, me = jax.process_count(), jax.process_index()
+    target, pairs = store_dir, list(tasks_and_seeds)
+    if hosts > 1:
+        if (store_dir / STORE_FILE).is_file():
+            with TrajectoryStore(store_dir) as merged:
+                check_store_success_rule(merged.trajectories(), cfg.success, store_dir)
+        pairs = host_shares.host_share(pairs, host_shares.stored_keys(store_dir), me, hosts)
+        target = host_shares.part_dir(store_dir, me)
+    with StoreWriter(target, flush_every_tasks=cfg.flush_every_tasks, flush_every_s=cfg.flush_every_s,
                      policy=policy.name, provenance=policy_provenance(policy)) as store:
-        check_store_success_rule(store.trajectories(), cfg.success, store_dir)
+        check_store_success_rule(store.trajectories(), cfg.success, target)
         collector = RetryCollector(
             suite, policy, judge, store, attempts=1, workers=cfg.workers, max_steps=cfg.max_steps,
             worker_config=WorkerConfig(step_timeout_s=cfg.step_timeout_s), batch_window_s=cfg.batch_window_s,
             pool_max_attempts=cfg.pool_max_attempts, fault_reruns=cfg.fault_reruns, progress=cfg.progress)
-        summary = collector.run_pairs(tasks_and_seeds)
+        summary = collector.run_pairs(pairs)
+    if hosts > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(f"rollouts played {store_dir}")
+        if me == 0:
+            host_shares.merge_parts(store_dir, hosts)
+        multihost_utils.sync_global_devices(f"rollouts merged {store_dir}")
     return store_dir, summary
 
 

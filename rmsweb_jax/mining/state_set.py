@@ -31,7 +31,9 @@ Each record is a msgpack map tagged with `schema` (STATE_SCHEMA_VERSION) and `ki
 | teacher_label | str or None | the scripted teacher's injected-mistake label on the reference step |
 
 The file is written to a temp name, synced, renamed and its folder synced: a reader sees the whole
-set or none of it.
+set or none of it. On a bucket (gs://) the file is written in its local mirror and uploaded as one object
+(array_record reads and writes local files only), and read from the mirror after a pull
+(rmsweb_jax/storage.py); a state's `store_dir` may be a gs:// store (TrajectoryStore mirrors it).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import msgpack
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from rmsweb_jax import storage
 from rmsweb_jax.collect.records import StepRecord, TrajectoryRecord
 from rmsweb_jax.collect.sft_view import SFTExample
 from rmsweb_jax.collect.store import TrajectoryStore
@@ -175,8 +178,10 @@ class CriticalState:
 
 def write_state_set(path: str | os.PathLike, states: Iterable[CriticalState]) -> pathlib.Path:
     """Writes `states` to the ArrayRecord file `path` (all or nothing: temp file, fsync, rename, folder
-    fsync) and returns the path. Raises ValueError for two states with one state_id."""
-    path = pathlib.Path(path)
+    fsync; on a bucket one object uploaded from the local mirror) and returns the path. Raises ValueError for two
+    states with one state_id."""
+    remote = storage.as_path(path) if storage.is_remote(path) else None
+    path = storage.mirror_dir(remote) if remote else pathlib.Path(path)
     states = list(states)
     seen: dict[str, int] = {}
     for i, state in enumerate(states):
@@ -198,6 +203,9 @@ def write_state_set(path: str | os.PathLike, states: Iterable[CriticalState]) ->
     fsync_file(tmp)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+    if remote:
+        storage.upload(path, remote)
+        return remote
     return path
 
 
@@ -210,11 +218,12 @@ class StateSet:
     """
 
     def __init__(self, path: str | os.PathLike):
-        self.path = pathlib.Path(path)
-        if not self.path.is_file():
+        self.path = storage.as_path(path)  # as given (gs:// too); read from `local`, its mirror on a bucket
+        local = storage.pull_file(self.path)
+        if not local.is_file():
             raise StateSetError(f"no state set at {self.path} (the mine stage writes <workdir>/mine/states.arrayrecord)")
         try:
-            reader = open_reader(self.path)
+            reader = open_reader(local)
         except StoreError as e:
             raise StateSetError(str(e)) from None
         try:

@@ -8,22 +8,33 @@ import numpy as np
 from rmsweb_jax.models import qwen3_vl, sharding
 
 
-def mesh_from_config(config) -> jax.sharding.Mesh | None:
-    """Returns the ('data','fsdp','tensor') mesh of `config.mesh.shape` (-1 = all remaining devices), or None."""
+def mesh_from_config(config, devices=None) -> jax.sharding.Mesh | None:
+    """Returns the ('data','fsdp','tensor') mesh of `config.mesh.shape` (-1 = all remaining devices) over `devices`
+    (default: every process's devices, the global mesh), or None for a one-device shape.
+
+    A policy that samples on one host's own devices (`devices=jax.local_devices()`, multi-host eval and mine
+    rollouts) lays the same shape over them: each host's browsers ask for steps at their own pace, so its
+    sampling programs must not span other hosts."""
     shape = list(config.mesh.shape)
     if len(shape) != 3:
         raise ValueError(f"config.mesh.shape must have 3 entries (data, fsdp, tensor), got {tuple(shape)}")
-    n = jax.device_count()
+    devices = None if devices is None else list(devices)
+    n = jax.device_count() if devices is None else len(devices)
+    where = "" if devices is None else f" (over this host's {n} local devices)"
     if shape.count(-1) > 1:
         raise ValueError(f"config.mesh.shape {tuple(shape)}: at most one -1")
     if -1 in shape:
         known = int(np.prod([s for s in shape if s != -1]))
         if n % known:
-            raise ValueError(f"config.mesh.shape {tuple(shape)}: {n} devices are not divisible by {known}")
+            raise ValueError(f"config.mesh.shape {tuple(shape)}: {n} devices{where} are not divisible by {known}")
         shape[shape.index(-1)] = n // known
+    elif devices is not None and int(np.prod(shape)) != n:
+        raise ValueError(f"config.mesh.shape {tuple(shape)} needs {int(np.prod(shape))} devices, but the model "
+                         f"samples{where}; write -1 for one axis (e.g. (1, -1, 1)) so the shape fits both the global "
+                         "mesh and one host's devices")
     if int(np.prod(shape)) == 1:
         return None
-    return sharding.make_mesh(shape)
+    return sharding.make_mesh(shape, devices=devices)
 
 
 def rules_from_config(config):

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import ml_collections
 import numpy as np
 
+from rmsweb_jax import storage
 from rmsweb_jax.processing.chat import END_OF_TURN, EncodedChat, encode_chat
 from rmsweb_jax.processing.image import ImageProcessorConfig
 from rmsweb_jax.sampling.sampler import DEFAULT_LENGTH_BUCKETS, Sampler, SamplingParams
@@ -108,11 +109,13 @@ class ChatModel:
 
     @classmethod
     def load(cls, spec: str, workdir: str | pathlib.Path, *, config: ml_collections.ConfigDict | None = None,
-             **kw) -> "ChatModel":
+             devices=None, **kw) -> "ChatModel":
         """Returns the chat model of `spec` ('hf:/path' or 'random:tiny', as sampling/model_from_config.py reads it).
 
         `config` is the run's config (its model dtypes, mesh and sharding rules are used; `spec`
-        replaces config.model.init); without one the model loads float32 on a single device. The
+        replaces config.model.init); without one the model loads float32 on a single device. `devices`
+        (default: the global mesh's) are where it is placed, e.g. jax.local_devices() for a model each host
+        samples with alone (sampling/model_from_config.py load_model). The
         checkpoint's preprocessor_config.json and generation_config.json set the image config and
         stop tokens unless `image_config` / `stop_token_ids` are given.
         """
@@ -120,7 +123,7 @@ class ChatModel:
         from rmsweb_jax.processing.prompt_tokens import load_tokenizer
 
         cfg = loading_config(spec, config)
-        model, checkpoint_dir = load_model(cfg, pathlib.Path(workdir))
+        model, checkpoint_dir = load_model(cfg, storage.as_path(workdir), devices=devices)  # local, or gs://
         tokenizer = load_tokenizer(checkpoint_dir)
         kw.setdefault("image_config", image_config_from_checkpoint(checkpoint_dir))
         kw.setdefault("stop_token_ids", default_stop_token_ids(tokenizer, checkpoint_dir))

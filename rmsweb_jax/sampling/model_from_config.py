@@ -7,9 +7,11 @@ from __future__ import annotations
 import functools
 import pathlib
 
+import jax
 import jax.numpy as jnp
 from absl import logging
 
+from rmsweb_jax import storage
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import qwen3_vl
 from rmsweb_jax.models.qwen3_vl.config import demo, tiny
@@ -25,30 +27,59 @@ RANDOM_PRESETS = {"tiny": (tiny, build_tiny_tokenizer), "demo": (demo, build_age
                   "demo_bytes": (functools.partial(demo, vocab_size=272), build_byte_tokenizer)}
 
 
-def load_model(config, workdir: pathlib.Path) -> tuple[qwen3_vl.Qwen3VL, pathlib.Path]:
+def load_model(config, workdir: pathlib.Path, *, devices=None) -> tuple[qwen3_vl.Qwen3VL, pathlib.Path]:
     """Returns (model, checkpoint dir) for `config.model.init`: 'hf:/path' or 'random:<preset>'.
 
     'random:tiny' / 'random:demo' write a random checkpoint with its tokenizer (RANDOM_PRESETS) into
     the workdir first and then load it through `from_hf`, so the demo exercises the same loading path
-    as a real checkpoint (and every checkpoint trained from it carries the same tokenizer).
+    as a real checkpoint (and every checkpoint trained from it carries the same tokenizer); on several
+    processes process 0 writes it while the others wait. `devices` (default: the global mesh's) are the
+    devices the model is placed on, e.g. jax.local_devices() for a policy each host samples alone.
     """
     init = config.model.init
-    mesh, rules = mesh_from_config(config), rules_from_config(config)
+    mesh, rules = mesh_from_config(config, devices), rules_from_config(config)
     runtime = runtime_from_config(config.model)
     if init.startswith("hf:"):
-        path = pathlib.Path(init[3:]).expanduser()
+        # A checkpoint on a bucket is read from its local mirror (safetensors and tokenizers read local files).
+        path = storage.pull_tree(init[3:]) if storage.is_remote(init[3:]) else pathlib.Path(init[3:]).expanduser()
         if not (path / "config.json").is_file():
             raise UserError(f"model checkpoint {init!r}: {path} holds no config.json; expected an HF Qwen3-VL "
                             "checkpoint folder (config.json, *.safetensors, tokenizer files) or 'random:tiny'")
         logging.info("loading HF checkpoint %s", path)
         return qwen3_vl.from_hf(path, mesh=mesh, runtime=runtime, rules=rules), path
     if init.startswith("random:"):
-        name = init[len("random:"):]
-        path = workdir / "checkpoints" / f"random_{name}"
-        if not (path / "config.json").is_file():
-            _write_random_checkpoint(name, path, config.seed)
+        path = _random_checkpoint(init[len("random:"):], storage.as_path(workdir), config.seed)
         return qwen3_vl.from_hf(path, mesh=mesh, runtime=runtime, rules=rules), path
     raise UserError(f"config.model.init = {init!r}: expected 'hf:/path/to/checkpoint' or 'random:<preset>'")
+
+
+def _random_checkpoint(name: str, workdir, seed: int) -> pathlib.Path:
+    """Returns the local folder of random preset `name`'s checkpoint in the workdir, written when absent.
+
+    On several processes every one loads it at once: process 0 writes it, the others wait at a barrier and
+    then read it (a host that does not share the workdir finds none and writes its own: the same seed gives
+    the same weights). Writing concurrently would let one process read another's half-written files."""
+    folder = workdir / "checkpoints" / f"random_{name}"
+    first = jax.process_index() == 0
+    if first:
+        path = _ensure_random_checkpoint(name, folder, seed)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(f"random checkpoint {folder}")
+        if not first:
+            path = _ensure_random_checkpoint(name, folder, seed)
+    return path
+
+
+def _ensure_random_checkpoint(name: str, path, seed: int) -> pathlib.Path:
+    if storage.is_remote(path):  # written and read in the local mirror, kept on the bucket
+        remote, path = path, storage.pull_tree(path)
+        if not (path / "config.json").is_file():
+            _write_random_checkpoint(name, path, seed)
+            storage.push_folder(path, remote, last="config.json")  # config.json, the file looked for, last
+    elif not (path / "config.json").is_file():
+        _write_random_checkpoint(name, path, seed)
+    return path
 
 
 def _write_random_checkpoint(name: str, path: pathlib.Path, seed: int) -> None:

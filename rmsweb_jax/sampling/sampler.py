@@ -87,7 +87,7 @@ class Sampler:
                  seed: int = 0) -> SampleOutput:
         """Returns sampled continuations of `prompts` (lists of token ids; images in prompt order)."""
         args = self._program_args(prompts, 1, params, pixel_values, image_grid_thw, seed)
-        return SampleOutput(*(np.asarray(x) for x in _generate(*args)))
+        return SampleOutput(*(_host(x) for x in _generate(*args)))
 
     def generate_groups(self, prompts: Sequence[Sequence[int]], group_size: int,
                         params: SamplingParams = SamplingParams(), *, pixel_values: np.ndarray | None = None,
@@ -103,7 +103,7 @@ class Sampler:
         the prefill's GEMMs on P rows sum in another order than on P*G rows. One program compiles per
         (P, G, prompt bucket, max_new_tokens, patch bucket).
         """
-        return SampleOutput(*(np.asarray(x) for x in _generate(
+        return SampleOutput(*(_host(x) for x in _generate(
             *self._program_args(prompts, group_size, params, pixel_values, image_grid_thw, seed))))
 
     def program(self, prompts: Sequence[Sequence[int]], group_size: int, params: SamplingParams = SamplingParams(),
@@ -147,6 +147,15 @@ class Sampler:
             if b >= n:
                 return b
         raise ValueError(f"prompt of {n} tokens exceeds the largest length bucket {self.length_buckets[-1]}")
+
+
+def _host(x: jax.Array) -> np.ndarray:
+    """Returns the whole of an output as numpy. On several processes (every one sampling the same prompts on
+    the global mesh) XLA may shard it over other hosts' devices: gathered then (every process calls this)."""
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def sample_token(logits: jax.Array, rng: jax.Array, temperature, top_p, top_k, *,

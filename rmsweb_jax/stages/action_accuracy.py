@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import pathlib
 import time
 
 from tqdm import tqdm
 
+from rmsweb_jax import storage
 from rmsweb_jax.agents.policy import PolicyOutput
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.collect.sft_view import SFTExample
@@ -82,7 +84,7 @@ def step_accuracy(config, workdir: pathlib.Path) -> dict:
     from rmsweb_jax.sampling.chat_model import ChatModel
     from rmsweb_jax.sampling.sampler import SamplingParams
     cfg = config.action_accuracy
-    workdir = pathlib.Path(workdir)
+    workdir = storage.as_path(workdir)  # local, or gs://
     data, view, split, split_file = saved_split(config, workdir)
     if not len(split.held_out):
         raise UserError(f"{split_file} holds out no task groups of {data.store_dir} (config.data.held_out_fraction "
@@ -90,7 +92,7 @@ def step_accuracy(config, workdir: pathlib.Path) -> dict:
     indices = split.held_out[:cfg.max_examples] if cfg.max_examples > 0 else split.held_out
     examples = [view[int(i)] for i in indices]
     spec = cfg.checkpoint or f"hf:{workdir / 'sft' / 'hf'}"
-    if spec.startswith("hf:") and not (pathlib.Path(spec[3:]).expanduser() / "config.json").is_file():
+    if spec.startswith("hf:") and not (storage.as_path(os.path.expanduser(spec[3:])) / "config.json").is_file():
         raise UserError(f"config.action_accuracy.checkpoint {spec!r}: no HF checkpoint there (run the sft "
                         "stage with config.train.export_hf=True first, or point it at hf:/path)")
     chat_model = ChatModel.load(spec, workdir, config=config, max_batch=cfg.batch_size)
@@ -120,7 +122,7 @@ def step_accuracy(config, workdir: pathlib.Path) -> dict:
                    "split": str(split_file),
                    "reference_agreement": reference_agreement(examples), "seconds": round(time.time() - start, 2),
                    "examples": records})
-    (workdir / REPORT).write_text(json.dumps(report, indent=2))
+    storage.write_text_atomic(workdir / REPORT, json.dumps(report, indent=2))
     print(f"[action_accuracy] {spec}: step accuracy {report['correct']}/{report['steps']} = "
           f"{100 * report['accuracy']:.1f}% (turns parsed {100 * report['parse_rate']:.1f}%) on held-out steps of "
           f"{len(split.held_out_keys)} task groups; report {workdir / REPORT}")

@@ -35,6 +35,7 @@ import pathlib
 
 from absl import logging
 
+from rmsweb_jax import storage
 from rmsweb_jax.collect.report import check_store_success_rule, write_report
 from rmsweb_jax.collect.retries import RetryCollector
 from rmsweb_jax.collect.store import RETRY_MODES, StoreWriter
@@ -105,11 +106,14 @@ def collect_policy_settings(config) -> PolicySettings:
                           api_key_env=cfg.api_key_env, key="collect.policy")
 
 
-def build_policy(spec: str, settings: PolicySettings, *, config, workdir: pathlib.Path, task_ids: list[str]):
+def build_policy(spec: str, settings: PolicySettings, *, config, workdir: pathlib.Path, task_ids: list[str],
+                 devices=None):
     """Returns the Policy of `spec`: "teacher" (ScriptedTeacher with settings.teacher's mistakes),
     "flax:<model spec>" (our model in-process, e.g. flax:random:tiny or flax:hf:/ckpt, with the
     run's config for dtypes, mesh and prompt) or "http:<base_url>#<model>" (an OpenAI-compatible
-    endpoint). Raises UserError naming settings.key for an unknown spec or a teacher on a live suite."""
+    endpoint). A flax model is placed on `devices` (default: the global mesh's): jax.local_devices() when each
+    host plays its own episodes, sampling at its own browsers' pace. Raises UserError naming settings.key for
+    an unknown spec or a teacher on a live suite."""
     if spec == "teacher" and settings.suite != "miniwob":
         raise UserError(f"{settings.key} 'teacher' cannot play the {settings.suite} suite: the ScriptedTeacher only "
                         "knows MiniWoB++; use 'http:<base_url>#<model>' or 'flax:<model spec>'")
@@ -121,7 +125,7 @@ def build_policy(spec: str, settings: PolicySettings, *, config, workdir: pathli
         from rmsweb_jax.sampling.chat_model import ChatModel
         from rmsweb_jax.agents.flax_policy import FlaxPolicy
         from rmsweb_jax.sampling.sampler import SamplingParams
-        chat_model = ChatModel.load(rest, workdir, config=config, max_batch=settings.max_batch)
+        chat_model = ChatModel.load(rest, workdir, config=config, max_batch=settings.max_batch, devices=devices)
         params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
         return FlaxPolicy(chat_model, _prompt_builder(config), params, seed=config.seed, owns_model=True)
     if kind == "http" and rest:
@@ -234,16 +238,16 @@ def live_tasks(cfg) -> list[Task]:
                             f"`{download_command(cfg.suite)}`, or name a task file with --config.collect.task_list")
         print(f"[collect] collect.task_list is empty: reading {path}")
     else:
-        path = pathlib.Path(cfg.task_list)
+        path = storage.pull_file(cfg.task_list)  # a gs:// task file is read from its local mirror
         if not path.is_file():
-            raise UserError(f"collect.task_list {str(path)!r}: no such file (the {cfg.suite} task file; "
+            raise UserError(f"collect.task_list {cfg.task_list!r}: no such file (the {cfg.suite} task file; "
                             f"`{download_command(cfg.suite)}` downloads the official ones)")
     references = cfg.reference_answers
     if references and cfg.suite != "webvoyager":
         raise UserError(f"collect.reference_answers is WebVoyager's reference_answer.json; the {cfg.suite} suite "
                         "has none")
     if cfg.suite == "webvoyager":
-        tasks = load_webvoyager(path, references or None)
+        tasks = load_webvoyager(path, storage.pull_file(references) if references else None)
     elif cfg.suite == "online_mind2web":
         tasks = load_online_mind2web(path)
     else:
@@ -313,8 +317,10 @@ def run(config, workdir: pathlib.Path) -> dict:
     cfg = config.collect
     if cfg.suite not in SUITES:
         raise UserError(f"collect.suite {cfg.suite!r}: expected one of {list(SUITES)}")
-    workdir = pathlib.Path(workdir)
-    store_dir = pathlib.Path(cfg.store_dir) if cfg.store_dir else workdir / "store"
+    workdir = storage.as_path(workdir)  # local, or gs:// (the store then lives in a local mirror, see store.py)
+    store_dir = storage.as_path(cfg.store_dir) if cfg.store_dir else workdir / "store"
+    if cfg.viewer:  # before any browser starts
+        storage.refuse_remote(workdir / VIEWER_DIR, "collect.viewer's folder (collect.viewer=True)")
     judge_name, _ = judge_spec(cfg)  # a wrong judge fails before any task file is read or model loaded
     check_success_rule(cfg.success, "collect.success")  # the report names it for every judge
     if cfg.retry_mode not in RETRY_MODES:

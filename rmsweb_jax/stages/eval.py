@@ -47,6 +47,7 @@ import time
 
 import ml_collections
 
+from rmsweb_jax import storage
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.stages.manifest import MODEL_LOADING
 
@@ -119,10 +120,11 @@ def _entry(spec: str, label: str, workdir: pathlib.Path, given: str) -> PolicyEn
         return PolicyEntry(label or "teacher", "teacher", given)
     kind, _, rest = spec.partition(":")
     if kind == "hf" and rest:
-        path = pathlib.Path(rest).expanduser()
+        path = storage.as_path(rest) if storage.is_remote(rest) else pathlib.Path(rest).expanduser()
         if not (path / "config.json").is_file():
             raise UserError(f"eval.policies {given!r}: {path} holds no HF checkpoint (config.json)")
-        return PolicyEntry(label or _sanitize(path.resolve().name), f"flax:hf:{path}", given)
+        name = path.name if storage.is_remote(path) else path.resolve().name
+        return PolicyEntry(label or _sanitize(name), f"flax:hf:{path}", given)
     if kind == "flax" and rest:
         return PolicyEntry(label or _sanitize(rest.rstrip("/").rsplit("/", 1)[-1]), spec, given)
     if kind == "http" and rest:
@@ -188,8 +190,8 @@ def training_store(config, workdir: pathlib.Path) -> pathlib.Path | None:
     if given == NO_CHECK:
         return None
     if given:
-        return pathlib.Path(given)
-    return pathlib.Path(config.collect.store_dir) if config.collect.store_dir else workdir / "store"
+        return storage.as_path(given)
+    return storage.as_path(config.collect.store_dir) if config.collect.store_dir else workdir / "store"
 
 
 def check_disjoint(pairs: list[tuple[str, int]], trained: set[tuple[str, int]], suite: str, source) -> None:
@@ -268,8 +270,7 @@ def check_settings(directory: pathlib.Path, settings: dict) -> None:
                             f"then {[old.get(k) for k in differ]}, now {[settings.get(k) for k in differ]}); set them "
                             f"back to resume there, or delete {directory} to evaluate afresh")
         return
-    directory.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(settings, indent=2, sort_keys=True))
+    storage.write_text_atomic(path, json.dumps(settings, indent=2, sort_keys=True))
 
 
 def play(env, policy, judge, store_dir: pathlib.Path, tasks: list, seeds: list[int], *, max_steps: int,
@@ -277,19 +278,37 @@ def play(env, policy, judge, store_dir: pathlib.Path, tasks: list, seeds: list[i
     """Returns the CollectSummary of `policy` playing tasks x seeds, one attempt each, into the store
     at store_dir (through RetryCollector, so exactly as the collect stage plays; pairs already in
     the store are skipped). env is a config.collect-shaped block (workers, timeouts, suite);
-    batch_window_s how long a policy batch waits for more workers' steps."""
+    batch_window_s how long a policy batch waits for more workers' steps.
+
+    With several processes each plays its share of the pairs into its own part store and process 0
+    merges the parts into store_dir (evaluate/host_shares.py); the summary is this process's."""
+    import jax
+
     from rmsweb_jax.collect.retries import RetryCollector
     from rmsweb_jax.collect.store import StoreWriter
     from rmsweb_jax.collect.store_provenance import policy_provenance
+    from rmsweb_jax.evaluate import host_shares
     from rmsweb_jax.stages.collect import make_suite
     from rmsweb_jax.web.worker import WorkerConfig
-    with make_suite(env) as suite, StoreWriter(store_dir, flush_every_tasks=env.flush_every_tasks,
+    pairs, hosts, me = [(t, s) for t in tasks for s in seeds], jax.process_count(), jax.process_index()
+    target = store_dir
+    if hosts > 1:
+        pairs = host_shares.host_share(pairs, host_shares.stored_keys(store_dir), me, hosts)
+        target = host_shares.part_dir(store_dir, me)
+    with make_suite(env) as suite, StoreWriter(target, flush_every_tasks=env.flush_every_tasks,
                                                flush_every_s=env.flush_every_s, policy=policy.name,
                                                provenance=policy_provenance(policy)) as store:
-        return RetryCollector(suite, policy, judge, store, attempts=1, workers=env.workers, max_steps=max_steps,
-                              worker_config=WorkerConfig(step_timeout_s=env.step_timeout_s),
-                              batch_window_s=batch_window_s, pool_max_attempts=env.pool_max_attempts,
-                              fault_reruns=env.fault_reruns, progress=env.progress).run(tasks, seeds)
+        summary = RetryCollector(suite, policy, judge, store, attempts=1, workers=env.workers, max_steps=max_steps,
+                                 worker_config=WorkerConfig(step_timeout_s=env.step_timeout_s),
+                                 batch_window_s=batch_window_s, pool_max_attempts=env.pool_max_attempts,
+                                 fault_reruns=env.fault_reruns, progress=env.progress).run_pairs(pairs)
+    if hosts > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(f"eval played {store_dir}")
+        if me == 0:
+            host_shares.merge_parts(store_dir, hosts)
+        multihost_utils.sync_global_devices(f"eval merged {store_dir}")
+    return summary
 
 
 def _check_fields(ev) -> None:
@@ -315,12 +334,17 @@ def run(config, workdir: pathlib.Path) -> dict:
     from rmsweb_jax.evaluate import report as eval_report
     from rmsweb_jax.stages.collect import PolicySettings, build_policy, make_judge
     ev = config.eval
-    workdir = pathlib.Path(workdir)
+    workdir = storage.as_path(workdir)  # local, or gs:// (stores through their mirrors, reports written there)
     out_dir = workdir / EVAL_DIR
     _check_fields(ev)
     # Every mistake a user can make is caught here, before a browser starts or a model loads.
     entries = parse_policies(ev.policies, workdir)
     compare = comparisons(ev.compare, [e.label for e in entries])
+    import jax
+    writer = jax.process_index() == 0  # on several hosts each plays its share (play); one writes the outputs
+    # Each host's browsers ask for steps at their own pace, so the hosts never call a sampling program in
+    # lockstep: on several, each host samples an in-process model on its own devices (weights read by every host).
+    devices = jax.local_devices() if jax.process_count() > 1 else None
     env = environment(config)
     judge = make_judge(env)
     tasks = eval_tasks(env, entries)
@@ -340,11 +364,13 @@ def run(config, workdir: pathlib.Path) -> dict:
     policies, seconds = [], {"play": 0.0, "report": 0.0, "viewer": 0.0}
     started = time.perf_counter()
     for entry in entries:
-        policy = build_policy(entry.spec, settings, config=config, workdir=workdir, task_ids=[t.id for t in tasks])
+        policy = build_policy(entry.spec, settings, config=config, workdir=workdir, task_ids=[t.id for t in tasks],
+                              devices=devices)
         try:
             policy_id = identity(entry, policy, settings.teacher)
             directory = out_dir / policy_id
-            check_settings(directory, episode_settings(config, env, entry))
+            if writer:
+                check_settings(directory, episode_settings(config, env, entry))
             if entry.spec == "teacher":
                 print("[eval] teacher: the ScriptedTeacher with collect.teacher's mistakes (a reference row, no "
                       "result)")
@@ -368,7 +394,8 @@ def run(config, workdir: pathlib.Path) -> dict:
     labels = {p["label"]: p["id"] for p in policies}
     report = eval_report.build_report(policies, set(pairs), compare, bootstrap_samples=ev.bootstrap_samples,
                                       seed=ev.bootstrap_seed)
-    eval_report.write_report(report, out_dir, name=REPORT_NAME)
+    if writer:
+        eval_report.write_report(report, out_dir, name=REPORT_NAME)
     for c in report["comparisons"]:
         head = f"[eval] {labels[c['a']]} vs {labels[c['b']]} on {c['n']} shared pairs"
         if not c["n"]:
@@ -377,16 +404,21 @@ def run(config, workdir: pathlib.Path) -> dict:
         print(f"{head}: {_pct(c['success_a'])} vs {_pct(c['success_b'])}, difference {100 * c['difference']:+.1f} "
               f"points (paired bootstrap 95% CI {100 * c['ci95'][0]:+.1f} to {100 * c['ci95'][1]:+.1f}), McNemar "
               f"exact p = {c['mcnemar']['p']:.3g}")
-    curves = _training_curves(workdir, out_dir)
+    curves = _training_curves(workdir, out_dir) if writer else None
     seconds["report"] = time.perf_counter() - started
     started = time.perf_counter()
-    if ev.viewer:
+    if ev.viewer and writer:
         from rmsweb_jax.evaluate.viewer import write_viewer
-        index = write_viewer([p["store_dir"] for p in policies], out_dir / "viewer",
-                             labels=[p["label"] for p in policies])
+        # The pages are written locally (in the bucket's mirror for a gs:// workdir), then uploaded.
+        viewer_dir = storage.mirror_dir(out_dir / "viewer") if storage.is_remote(out_dir) else out_dir / "viewer"
+        index = write_viewer([p["store_dir"] for p in policies], viewer_dir, labels=[p["label"] for p in policies])
+        if storage.is_remote(out_dir):
+            storage.push_tree(viewer_dir, out_dir / "viewer")
+            index = out_dir / "viewer" / index.name
         print(f"[eval] trajectory viewer: {index}")
     seconds["viewer"] = time.perf_counter() - started
-    print(f"[eval] report {out_dir / (REPORT_NAME + '.md')}" + (f"; training curves {curves}" if curves else ""))
+    if writer:
+        print(f"[eval] report {out_dir / (REPORT_NAME + '.md')}" + (f"; training curves {curves}" if curves else ""))
     return {**report, "seconds": {k: round(v, 3) for k, v in seconds.items()}}
 
 
@@ -398,7 +430,8 @@ def _training_curves(workdir: pathlib.Path, out_dir: pathlib.Path) -> pathlib.Pa
         return None
     from rmsweb_jax.evaluate.plots import training_curves_png  # the event reader imports tensorboardX (~1 s)
     from rmsweb_jax.evaluate.tb_events import read_scalars
-    curves = {stage: c for stage, c in ((stage, read_scalars(log)) for stage, log in logs.items()) if c}
+    curves = {stage: c for stage, c in ((stage, read_scalars(storage.pull_tree(log))) for stage, log in logs.items())
+              if c}
     if not curves:
         return None
     path = out_dir / "training_curves.png"

@@ -41,11 +41,10 @@ import dataclasses
 import datetime
 import hashlib
 import json
-import os
 import pathlib
-import tempfile
 
-from rmsweb_jax.durable import file_sha256, fsync_dir, fsync_file
+from rmsweb_jax import storage
+from rmsweb_jax.durable import file_sha256
 from rmsweb_jax.errors import UserError
 
 MANIFEST_DIR = "manifests"
@@ -137,13 +136,15 @@ def output_paths(decl: Declaration, config, workdir: pathlib.Path) -> dict[str, 
     out = {}
     for rel, key in decl.outputs.items():
         value = None if key is None else lookup(config, key)
-        out[rel] = pathlib.Path(value) if value and value != MISSING else workdir / rel
+        out[rel] = storage.as_path(value) if value and value != MISSING else storage.as_path(workdir) / rel
     return out
 
 
 def fingerprint(path: pathlib.Path) -> dict | None:
     """Returns what identifies the file or folder at `path` (None when absent): a file's bytes and sha256
-    (bytes and mtime above HASH_LIMIT), a folder's file count and bytes."""
+    (bytes and mtime above HASH_LIMIT), a folder's file count and bytes; on a bucket too."""
+    if storage.is_remote(path):
+        return _remote_fingerprint(storage.as_path(path))
     if path.is_file():
         size = path.stat().st_size
         if size <= HASH_LIMIT:
@@ -155,9 +156,22 @@ def fingerprint(path: pathlib.Path) -> dict | None:
     return None
 
 
+def _remote_fingerprint(path) -> dict | None:
+    """Returns fingerprint() of a bucket object or folder (GCS keeps no mtime_ns: its seconds stand in)."""
+    if path.is_file():
+        stat = path.stat()
+        if stat.length <= HASH_LIMIT:
+            return {"kind": "file", "bytes": stat.length, "sha256": storage.file_digest(path)}
+        return {"kind": "file", "bytes": stat.length, "mtime_ns": int(stat.mtime) * 10**9}
+    files = storage.remote_files(path)
+    if files:
+        return {"kind": "folder", "files": len(files), "bytes": sum(files.values())}
+    return None
+
+
 def manifest_path(workdir: pathlib.Path, stage: str) -> pathlib.Path:
     """Returns where `stage`'s manifest lives: <workdir>/manifests/<stage>.json."""
-    return pathlib.Path(workdir) / MANIFEST_DIR / f"{stage}.json"
+    return storage.as_path(workdir) / MANIFEST_DIR / f"{stage}.json"
 
 
 def read_manifest(workdir: pathlib.Path, stage: str) -> dict | None:
@@ -172,22 +186,13 @@ def read_manifest(workdir: pathlib.Path, stage: str) -> dict | None:
 def manifest_digest(workdir: pathlib.Path, stage: str) -> str | None:
     """Returns the sha256 of `stage`'s manifest file (None when absent): what a dependant records."""
     path = manifest_path(workdir, stage)
-    return file_sha256(path) if path.is_file() else None
+    return storage.file_digest(path) if path.is_file() else None
 
 
 def write_json_atomic(path: pathlib.Path, value: dict) -> None:
-    """Writes `value` as JSON to `path` through a synced temporary file renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(value, indent=2, sort_keys=True))
-        fsync_file(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    """Writes `value` as JSON to `path` whole or not at all (a synced temp file renamed into place; on a bucket
+    one object upload)."""
+    storage.write_text_atomic(path, json.dumps(value, indent=2, sort_keys=True))
 
 
 def _now() -> str:
@@ -241,7 +246,7 @@ def _short(value) -> str:
 def _output_problem(stage_manifest: dict) -> str | None:
     """Returns why the recorded outputs of a manifest no longer hold (missing, changed), or None."""
     for rel, recorded in stage_manifest.get("outputs", {}).items():
-        path = pathlib.Path(recorded["path"])
+        path = storage.as_path(recorded["path"])
         now = fingerprint(path)
         if now is None:
             return f"output {rel} is missing ({path}: deleted?)"
@@ -310,14 +315,13 @@ def forced_stages(rerun, stages: list[str], known) -> set[str]:
 def set_aside(decl: Declaration, workdir: pathlib.Path) -> pathlib.Path | None:
     """Moves the stage's FRESH_START folders that exist to <workdir>/stale/<stage>-<UTC time>/ (so the
     stage starts afresh and nothing is lost); returns that folder, or None when there was nothing to move."""
+    workdir = storage.as_path(workdir)
     present = [rel for rel in decl.fresh_start if (workdir / rel).exists()]
     if not present:
         return None
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     target = workdir / STALE_DIR / f"{decl.stage}-{stamp}"
     target.mkdir(parents=True)
-    for rel in present:
-        (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(workdir / rel, target / rel)
-    fsync_dir(workdir)
+    for rel in present:  # a rename locally; on a bucket a copy then a delete (GCS has no rename)
+        storage.move_tree(workdir / rel, target / rel)
     return target

@@ -22,6 +22,7 @@ import pathlib
 
 import numpy as np
 
+from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.mining.replay import ReplayedState, ReplaySettings, replay
@@ -80,28 +81,50 @@ def select_states(states: list[CriticalState], routine_share: float, seed: int) 
     return [s for i, s in enumerate(states) if i in keep]
 
 
+def _folder(path: str):
+    """Returns `path` as a local folder (~ expanded) or a bucket folder (gs://)."""
+    return storage.as_path(path) if storage.is_remote(path) else pathlib.Path(path).expanduser()
+
+
 def _checkpoint(cfg, workdir: pathlib.Path) -> str:
     spec = cfg.checkpoint or f"hf:{workdir / 'sft' / 'hf'}"
-    if spec.startswith("hf:") and not (pathlib.Path(spec[3:]).expanduser() / "config.json").is_file():
+    if spec.startswith("hf:") and not (_folder(spec[3:]) / "config.json").is_file():
         raise UserError(f"config.mine.checkpoint {spec!r}: no HF checkpoint there (run the sft stage with "
                         "config.train.export_hf=True first, or point it at hf:/path)")
     return spec
 
 
 def _rollout_states(config, workdir: pathlib.Path, chat_model, builder, store_dir: str, train_keys,
-                    settings: ReplaySettings) -> tuple[list[CriticalState], dict]:
-    """Plays the policy once on each training task group and returns the divergence states and the counts."""
+                    settings: ReplaySettings, spec: str) -> tuple[list[CriticalState], dict]:
+    """Plays the policy once on each training task group and returns the divergence states and the counts.
+
+    On several processes each host plays its share of the groups (mining/rollouts.py) with its own copy of
+    the checkpoint `spec` on its own devices: its browsers ask for steps at their own pace, so the replay's
+    model on the global mesh (whose programs every host must call in lockstep) cannot serve them."""
+    import jax
+
     from rmsweb_jax.agents.flax_policy import FlaxPolicy
+    from rmsweb_jax.sampling.chat_model import ChatModel
     from rmsweb_jax.mining import rollouts
     from rmsweb_jax.sampling.sampler import SamplingParams
     from rmsweb_jax.stages.collect import make_judge, make_suite
     cfg = config.collect
     tasks = rollouts.reference_task_groups(store_dir, train_keys)
     # The rollout decodes as collection does (config.collect's temperature and token limit).
+    hosts = jax.process_count()
+    if hosts > 1:
+        chat_model = ChatModel.load(spec, workdir, config=config, max_batch=chat_model.max_batch,
+                                    devices=jax.local_devices())
     policy = FlaxPolicy(chat_model, builder, SamplingParams(max_new_tokens=cfg.max_new_tokens,
-                                                            temperature=cfg.temperature), seed=config.seed)
-    with make_suite(cfg) as suite:
-        rollout_dir, _ = rollouts.run_rollouts(config, workdir, policy, tasks, suite=suite, judge=make_judge(cfg))
+                                                            temperature=cfg.temperature), seed=config.seed,
+                        owns_model=hosts > 1)
+    try:
+        with make_suite(cfg) as suite:
+            rollout_dir, _ = rollouts.run_rollouts(config, workdir, policy, tasks, suite=suite,
+                                                   judge=make_judge(cfg))
+    finally:
+        if hosts > 1:
+            policy.close()  # this host's copy; the caller closes the replay's model
     found = rollouts.find_divergences(store_dir, rollout_dir, skip_labels=settings.skip_labels,
                                       repetition_window=int(config.mine.repetition_window))
     return found.states, {"store": str(rollout_dir), **found.counts}
@@ -111,7 +134,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     """Mines the training split's reference steps; writes the state set, the report and summary.json."""
     from rmsweb_jax.sampling.chat_model import ChatModel
     cfg = config.mine
-    workdir = pathlib.Path(workdir)
+    workdir = storage.as_path(workdir)  # local, or gs://
     try:
         settings = ReplaySettings.from_config(cfg)
     except ValueError as err:
@@ -121,13 +144,17 @@ def run(config, workdir: pathlib.Path) -> dict:
                         f"set), got {cfg.routine_share}")
     if cfg.max_states < 0:
         raise UserError(f"config.mine.max_states must be >= 0 (0 = every training step), got {cfg.max_states}")
+    import jax
+    # Every host replays the same states (the same sampling programs, on the global mesh); one writes.
+    writer = jax.process_index() == 0
     data, view, split, split_file = saved_split(config, workdir)
     indices = split.train[:cfg.max_states] if cfg.max_states > 0 else split.train
     if not len(indices):
         raise UserError(f"{split_file} leaves no training steps of {data.store_dir} to mine (every task group is "
                         "held out): lower config.data.held_out_fraction and rerun sft")
     spec = _checkpoint(cfg, workdir)
-    store_dir = str(pathlib.Path(data.store_dir).resolve())
+    # The states name their store: absolute when local, as given on a bucket.
+    store_dir = data.store_dir if storage.is_remote(data.store_dir) else str(pathlib.Path(data.store_dir).resolve())
     train_keys = sorted({view.task_key(i) for i in split.train})
     out = workdir / NAME
     chat_model = ChatModel.load(spec, workdir, config=config, max_batch=cfg.max_batch)
@@ -140,23 +167,25 @@ def run(config, workdir: pathlib.Path) -> dict:
         states = [replay_state(s, view[s.index], store_dir) for s in result.states]
         if cfg.rollouts:
             rollout, rollout_counts = _rollout_states(config, workdir, chat_model, builder, store_dir, train_keys,
-                                                      settings)
+                                                      settings, spec)
             states = merge_rollout_states(states, rollout)
     finally:
         chat_model.close()
     chosen = select_states(states, float(cfg.routine_share), int(cfg.seed))
-    path = write_state_set(out / STATES_FILE, chosen)
+    path = write_state_set(out / STATES_FILE, chosen) if writer else out / STATES_FILE
     state_set = {"path": str(path), "states": len(chosen), "critical": sum(s.critical for s in chosen),
                  "routine": sum(not s.critical for s in chosen), "routine_share": float(cfg.routine_share)}
     extra = {"checkpoint": spec, "store_dir": store_dir, "split": str(split_file), "samples": settings.samples,
              "temperature": settings.temperature, "skipped": result.skipped, "throughput": result.throughput,
              "state_set": state_set, "rollouts": rollout_counts}
     report = compute_report(states, tau=settings.tau, extra=extra)
+    if not writer:
+        return {k: report[k] for k in ("states", "critical", "routine", "critical_share", "failure_modes")}
     paths = write_report(out, report)
     summary = {k: report[k] for k in ("states", "critical", "routine", "critical_share", "failure_modes",
                                       "teacher_noise", "throughput", "state_set", "skipped", "rollouts")}
     summary["report"] = {k: str(v) for k, v in paths.items()}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    storage.write_text_atomic(out / "summary.json", json.dumps(summary, indent=2))
     modes = ", ".join(f"{m} {n}" for m, n in report["failure_modes"].items() if n) or "none"
     print(f"[mine] {report['critical']}/{report['states']} states critical ({modes}); teacher noise "
           f"{report['teacher_noise']['critical_with_label']}; {result.throughput['states_per_s']:.3f} states/s "

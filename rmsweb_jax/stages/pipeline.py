@@ -13,6 +13,7 @@ import time
 
 from absl import logging
 
+from rmsweb_jax import storage
 from rmsweb_jax.errors import UserError
 
 # Stage name -> the module of rmsweb_jax.stages whose run(config, workdir) runs it, imported when needed
@@ -21,6 +22,9 @@ STAGES = {"model": "model_smoke", "collect": "collect", "train_smoke": "train_sm
           "action_accuracy": "action_accuracy", "mine": "mine",
           "salvage": "salvage", "eval": "eval", "table": "table"}
 STAGES_FILE = "stages.json"  # per run: each stage's decision, reason and wall time
+# The stages whose every read and write goes through rmsweb_jax/storage.py, so that their workdir may be a
+# bucket (gs://...); the others still write local files and refuse one (check_workdir).
+BUCKET_STAGES = ("model", "collect", "train_smoke", "sft", "action_accuracy", "mine", "salvage", "eval")
 
 
 def stage_module(name: str):
@@ -44,14 +48,17 @@ def stage_names(stages) -> list[str]:
     return names
 
 
-def check_workdir(workdir: str | pathlib.Path) -> None:
-    """Raises UserError for a workdir given as a URL (gs://bucket/run): the stages write through local paths,
-    where pathlib would quietly turn it into a local folder named "gs:/bucket/run"."""
-    text = str(workdir)
-    if "://" in text:
-        raise UserError(f"--workdir={text}: the stages write local paths, and a {text.split('://')[0]}:// workdir "
-                        "is not supported yet; mount the bucket (gcsfuse, at the same path on every host) and pass "
-                        "the mount's path, e.g. --workdir=/mnt/bucket/runs/NAME")
+def check_workdir(workdir: str | pathlib.Path, stages: list[str]) -> None:
+    """Raises UserError for a workdir URL of another scheme than gs://, and for a gs:// workdir with a stage of
+    `stages` that still writes local files only (not in BUCKET_STAGES), naming those stages."""
+    if not storage.is_remote(storage.as_path(workdir)):
+        return
+    local_only = [name for name in stages if name not in BUCKET_STAGES]
+    if local_only:
+        raise UserError(f"--workdir={workdir}: stage(s) {local_only} still write local files only and cannot run "
+                        f"on a gs:// workdir yet (those that can: {list(BUCKET_STAGES)}); run them on a local "
+                        "workdir, or on a gcsfuse mount of the bucket at the same path on every host "
+                        "(e.g. --workdir=/mnt/bucket/runs/NAME)")
 
 
 def run_pipeline(config, workdir: str | pathlib.Path, *, prefix: str = "") -> list[dict]:
@@ -61,13 +68,13 @@ def run_pipeline(config, workdir: str | pathlib.Path, *, prefix: str = "") -> li
     from rmsweb_jax.stages import manifest
     stages = stage_names(config.stages)  # before anything is created or imported
     forced = manifest.forced_stages(config.rerun, stages, STAGES)
-    check_workdir(workdir)
-    workdir = pathlib.Path(workdir)
+    check_workdir(workdir, stages)
+    workdir = storage.as_path(workdir)  # a pathlib.Path, or an etils.epath.Path on a bucket
     workdir.mkdir(parents=True, exist_ok=True)
     import jax
     writer = jax.process_index() == 0  # on a pod slice every host runs this; one writes the records
     if writer:
-        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+        storage.write_text_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
     record = []
     for name in stages:
         decl = manifest.Declaration.of(name, stage_module(name))
@@ -75,7 +82,7 @@ def run_pipeline(config, workdir: str | pathlib.Path, *, prefix: str = "") -> li
         print(f"[{prefix}{name}] {'running' if decision.run else 'skipped'}: {decision.reason}", flush=True)
         record.append({"stage": name, "ran": decision.run, "reason": decision.reason, "seconds": 0.0})
         if writer:
-            (workdir / STAGES_FILE).write_text(json.dumps(record, indent=2))
+            storage.write_text_atomic(workdir / STAGES_FILE, json.dumps(record, indent=2))
         if decision.run:
             logging.info("stage %s%s: starting (workdir %s)", prefix, name, workdir)
             start = time.time()
@@ -90,7 +97,7 @@ def run_pipeline(config, workdir: str | pathlib.Path, *, prefix: str = "") -> li
                 manifest.completed(decl, begun, config, workdir, record[-1]["seconds"])
             logging.info("stage %s%s: done in %.1f s", prefix, name, record[-1]["seconds"])
         if writer:
-            (workdir / STAGES_FILE).write_text(json.dumps(record, indent=2))
+            storage.write_text_atomic(workdir / STAGES_FILE, json.dumps(record, indent=2))
     return record
 
 

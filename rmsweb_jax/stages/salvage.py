@@ -30,6 +30,7 @@ import pathlib
 import jax
 import ml_collections
 
+from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.data.batching import Buckets
 from rmsweb_jax.errors import UserError
@@ -127,7 +128,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     from rmsweb_jax.train.rl_loss import RLLossSettings, make_salvage_loss
     from rmsweb_jax.train.step import ModelParts
 
-    workdir = pathlib.Path(workdir)
+    workdir = storage.as_path(workdir)  # local, or gs:// (Orbax and the HF export write the bucket: train/loop.py)
     cfg = config.salvage
     # Settings and the state set first: a bad value or a missing state set fails before a model loads.
     reward, gates, draw_settings = RewardSettings.from_config(cfg), GateSettings.from_config(cfg), \
@@ -141,7 +142,8 @@ def run(config, workdir: pathlib.Path) -> dict:
                         f"{draw_settings.group_size} policy rows; raise the batch size or lower B or G")
     states = StateSet(cfg.states or workdir / "mine" / "states.arrayrecord")
     spec = cfg.init or f"hf:{workdir / 'sft' / 'hf'}"
-    if spec.startswith("hf:") and not (pathlib.Path(spec[3:]).expanduser() / "config.json").is_file():
+    folder = spec[3:] if storage.is_remote(spec[3:]) else pathlib.Path(spec[3:]).expanduser()
+    if spec.startswith("hf:") and not (storage.as_path(folder) / "config.json").is_file():
         raise UserError(f"config.salvage.init {spec!r}: no HF checkpoint there (run the sft stage first, or "
                         "give hf:/path/to/checkpoint)")
     run_config.model.init = spec
@@ -206,7 +208,7 @@ def run(config, workdir: pathlib.Path) -> dict:
                "this_run": totals, "last_metrics": result.last_metrics,
                "hf_dir": None if result.hf_dir is None else str(result.hf_dir)}
     if jax.process_index() == 0:
-        (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        storage.write_text_atomic(result.run_dir / "summary.json", json.dumps(summary, indent=2))
     print(f"[salvage] {result.step} steps; {totals['groups_accepted']} groups accepted from "
           f"{totals['states_drawn']} states drawn this run ({totals['shortfall']} short); checkpoints in "
           f"{result.run_dir / 'checkpoints'}" + (f"; HF export {result.hf_dir}" if result.hf_dir else ""))

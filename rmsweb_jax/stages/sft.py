@@ -18,6 +18,7 @@ import pathlib
 import jax
 import numpy as np
 
+from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import prompt_config_from
 from rmsweb_jax.collect.sft_view import SFTView
 from rmsweb_jax.collect.store import StoreError
@@ -37,7 +38,7 @@ SPLIT_FILE = "split.json"
 
 def split_path(workdir: pathlib.Path) -> pathlib.Path:
     """Returns where the sft stage writes its train / held-out split: <workdir>/sft/split.json."""
-    return pathlib.Path(workdir) / NAME / SPLIT_FILE
+    return storage.as_path(workdir) / NAME / SPLIT_FILE
 
 
 def split_record(data: SFTDataConfig, view: SFTView, split: Split) -> dict:
@@ -125,7 +126,7 @@ def check_tokenizer(tokenizer_dir: str | pathlib.Path, model_config) -> tuple[ob
 def run(config, workdir: pathlib.Path) -> dict:
     """Trains config.train.optimizer.total_steps SFT steps; writes summary.json and split.json."""
     from rmsweb_jax.train.loop import Trainer
-    workdir = pathlib.Path(workdir)
+    workdir = storage.as_path(workdir)  # local, or gs://
     # The store first: a missing or empty one fails in a second, before any model is loaded.
     if same_split_settings(split_path(workdir), SFTDataConfig.from_config(config.get("data"), workdir)):
         # A rerun resumes the run that wrote this split: groups the store gained since stay out of it
@@ -140,7 +141,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     if writer:
         trainer.run_dir.mkdir(parents=True, exist_ok=True)
         # action_accuracy evaluates exactly these held-out groups, whatever the store holds by then.
-        (trainer.run_dir / SPLIT_FILE).write_text(json.dumps(split_record(data, view, split), indent=2))
+        storage.write_text_atomic(trainer.run_dir / SPLIT_FILE, json.dumps(split_record(data, view, split), indent=2))
     trainer.writer.message(  # above the trainer's progress bar
         f"[sft] {view!r}: {len(split.train)} training steps, {len(split.held_out)} held out "
         f"({len(split.held_out_keys)} task groups); {data.batching} batches of {trainer.settings.batch_size} rows, "
@@ -155,7 +156,7 @@ def run(config, workdir: pathlib.Path) -> dict:
                "last_loss": losses[-1] if losses else None, "last_metrics": result.last_metrics,
                "hf_dir": None if result.hf_dir is None else str(result.hf_dir), "init_dir": str(trainer.init_dir)}
     if writer:
-        (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        storage.write_text_atomic(result.run_dir / "summary.json", json.dumps(summary, indent=2))
     first = "?" if summary["first_loss"] is None else f"{summary['first_loss']:.3f}"
     last = "?" if summary["last_loss"] is None else f"{summary['last_loss']:.3f}"
     print(f"[sft] {result.step} steps; loss {first} -> {last}; checkpoints in {result.run_dir / 'checkpoints'}"

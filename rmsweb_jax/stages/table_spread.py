@@ -12,6 +12,7 @@ import pathlib
 import statistics
 import sys
 
+from rmsweb_jax import storage
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.stages.table import NAME
 
@@ -20,7 +21,7 @@ def read_tables(workdirs) -> list[dict]:
     """Returns each workdir's demo_table.json, in order."""
     tables = []
     for workdir in workdirs:
-        path = pathlib.Path(workdir) / f"{NAME}.json"
+        path = storage.as_path(workdir) / f"{NAME}.json"  # a local run, or one on a bucket (gs://)
         if not path.is_file():
             raise UserError(f"{path} is missing: run the table stage in {workdir} first")
         tables.append(json.loads(path.read_text()))
@@ -103,7 +104,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if out:
-        pathlib.Path(out[0]).write_text(text)
+        storage.write_text_atomic(out[0], text)
     print(text, end="")
     return 0
 

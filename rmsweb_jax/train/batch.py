@@ -355,7 +355,7 @@ def batch_counts(batch: TrainBatch) -> dict[str, float]:
     """Returns this process's token counts (real tokens, target tokens, real image patches) for metrics.
 
     With several processes the vision inputs are the whole batch's: patches and images are then this
-    process's share (the total / process count), so that the loop's count x process count is the total.
+    process's share (the total / process count), so that the loop's sum over processes is the total.
     """
     vision = batch.inputs.vision
     share = 1 / jax.process_count() if jax.process_count() > 1 else 1

@@ -27,6 +27,8 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import type_handlers
 
+from rmsweb_jax import storage
+
 REPLICA_PARALLEL_MIN_BYTES = 16 << 20
 
 
@@ -63,7 +65,10 @@ class Checkpointer:
             raise ValueError(f"config.train.checkpoint.every_steps = {every_steps}: expected an integer >= 1")
         if keep < 1:
             raise ValueError(f"config.train.checkpoint.keep = {keep}: expected an integer >= 1")
-        self.directory = pathlib.Path(directory).absolute()
+        # Orbax writes a bucket folder itself (tensorstore's GCS driver, etils.epath for its small files).
+        self.directory = storage.as_path(directory)
+        if not storage.is_remote(self.directory):
+            self.directory = self.directory.absolute()
         self.every_steps = every_steps
         arrays = type_handlers.create_type_handler_registry(
             (jax.Array, type_handlers.ArrayHandler(min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES)))

@@ -37,6 +37,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
+from rmsweb_jax import storage
 from rmsweb_jax.models.from_config import runtime_from_config
 from rmsweb_jax.sampling.model_from_config import load_model
 from rmsweb_jax.models.from_config import mesh_from_config, rules_from_config
@@ -80,7 +81,7 @@ class Trainer:
     """A model, its optimizer state and checkpoints under <workdir>/<name>, ready to step."""
 
     def __init__(self, config, workdir: str | pathlib.Path, *, name: str = "train", loss_fn: LossFn | None = None):
-        self.config, self.workdir = config, pathlib.Path(workdir)
+        self.config, self.workdir = config, storage.as_path(workdir)  # local, or gs://
         self.run_dir = self.workdir / name
         self.settings = s = TrainSettings.from_config(config.get("train"))
         self.mesh, self.rules = mesh_from_config(config), rules_from_config(config)
@@ -173,7 +174,7 @@ class Trainer:
         self.step_count += 1
         step = self.step_count
         flops = train_flops(self.model_config, tokens=counts["tokens"], seq_len=batch.targets.shape[-1],
-                            patches=counts["patches"], images=counts["images"]) * jax.process_count()
+                            patches=counts["patches"], images=counts["images"])  # this process's rows
         self._pending.append((step, metrics, {**counts, "flops": flops, "host": dict(host_metrics or {})}))
         self.data_state = data_state
         due_checkpoint = self.checkpoints.due(step) or step == self.settings.total_steps
@@ -191,6 +192,7 @@ class Trainer:
             return
         meta = {"model_config": self.model_config.to_hf_dict(), "init_dir": self.init_dir, "step": self.step_count}
         self.checkpoints.save(self.step_count, self.state, self.data_state, meta)
+        self.writer.sync()  # on a bucket: the metrics of every checkpointed step are there before a resume reads them
 
     def finish(self) -> TrainResult:
         """Saves the final state, waits for pending saves, exports HF weights if configured; returns the result."""
@@ -201,7 +203,12 @@ class Trainer:
             hf_dir = self.run_dir / "hf"
             already = self.resumed_from == self.step_count and (hf_dir / "config.json").is_file()
             if not already:  # a finished run restarted: its export is already there
-                to_hf(self.model(), hf_dir, tokenizer_dir=self.init_dir)
+                if storage.is_remote(hf_dir):  # safetensors writes local files: the mirror, then the bucket
+                    to_hf(self.model(), storage.mirror_dir(hf_dir), tokenizer_dir=self.init_dir)
+                    if self.is_writer:  # every process gathers, process 0 writes (to_hf)
+                        storage.push_folder(storage.mirror_dir(hf_dir), hf_dir, last="config.json")
+                else:
+                    to_hf(self.model(), hf_dir, tokenizer_dir=self.init_dir)
                 self.writer.message(f"[train] exported step {self.step_count} in HF format to {hf_dir}")
         return TrainResult(self.run_dir, self.step_count, self.resumed_from, dict(self.last_metrics), hf_dir)
 
@@ -279,16 +286,18 @@ class Trainer:
         window, self._window = self._window, []
         if not window:
             return
+        timed = [w for w in window if w["timed"]]
+        target_tokens, tokens, flops = _over_processes([sum(w["target_tokens"] for w in window),
+                                                        sum(w["tokens"] for w in timed), sum(w["flops"] for w in timed)])
         out = {"loss": float(np.mean([w["loss"] for w in window])), "grad_norm": window[-1]["grad_norm"],
                "param_norm": window[-1]["param_norm"], "learning_rate": window[-1].get("learning_rate"),
-               "target_tokens": float(sum(w["target_tokens"] for w in window)) * jax.process_count()}
-        timed = [w for w in window if w["timed"]]
+               "target_tokens": target_tokens}
         seconds = sum(w["seconds"] for w in timed)
         if timed and seconds > 0:
-            out["tokens_per_s"] = sum(w["tokens"] for w in timed) * jax.process_count() / seconds
+            out["tokens_per_s"] = tokens / seconds
             out["step_s"] = seconds / len(timed)
             if self.peak_flops > 0:
-                out["mfu"] = sum(w["flops"] for w in timed) / seconds / self.peak_flops
+                out["mfu"] = flops / seconds / self.peak_flops
         for name in sorted({k for w in window for k in w["host"]}):
             if name in out:
                 raise ValueError(f"host metric {name!r} has the name of a trainer metric; rename it")
@@ -312,6 +321,16 @@ class Trainer:
                    f"saved; {where}")
         self.writer.message(f"[train] {message}")
         raise NonFiniteError(message, step)
+
+
+def _over_processes(local: list[float]) -> list[float]:
+    """Returns the sums of `local` (this process's counts) over all processes: a Salvage-DS batch's rows are
+    not spread evenly (anchor rows fill the first processes' rows), so count x process_count would be wrong."""
+    if jax.process_count() == 1:
+        return [float(x) for x in local]
+    from jax.experimental import multihost_utils
+    gathered = multihost_utils.process_allgather(np.asarray(local, np.float64))
+    return [float(x) for x in np.asarray(gathered).reshape(jax.process_count(), -1).sum(axis=0)]
 
 
 def _abstract_state(params, tx, shardings: TrainState | None) -> TrainState:

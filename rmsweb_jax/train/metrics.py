@@ -13,7 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from rmsweb_jax import storage
 from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig
+
+SYNC_S = 30.0  # on a bucket, metric files are uploaded at most this often between checkpoints (see MetricsWriter)
 
 # Dense bf16 peak TFLOP/s per device by jax `device_kind` prefix (vendor figures, no sparsity).
 PEAK_TFLOPS = (
@@ -83,13 +86,20 @@ class MetricsWriter:
 
     def __init__(self, directory: str | pathlib.Path, *, enabled: bool = True, total_steps: int = 0,
                  initial_step: int = 0, progress: bool = True):
-        self.directory = pathlib.Path(directory)
+        # On a bucket the sinks write a local mirror (tensorboardX and an appended file want local files), uploaded
+        # by sync(): at most every SYNC_S seconds, at every checkpoint (Trainer.save) and on close.
+        self.remote = str(directory) if storage.is_remote(directory) else None
+        self.directory = storage.mirror_dir(directory) if self.remote else pathlib.Path(directory)
+        self._synced = time.monotonic()
         self.enabled = enabled
         self._tb = None
         self._jsonl = None
         self._bar = None
         if enabled:
             self.directory.mkdir(parents=True, exist_ok=True)
+            if self.remote:  # a resumed run appends to what the bucket holds, not to a stale mirror
+                storage.pull_file(f"{self.remote}/metrics.jsonl")
+                storage.pull_tree(f"{self.remote}/tensorboard")
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(str(self.directory / "tensorboard"))
             self._jsonl = open(self.directory / "metrics.jsonl", "a")
@@ -115,6 +125,8 @@ class MetricsWriter:
         self._tb.flush()
         self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
         self._jsonl.flush()
+        if self.remote and time.monotonic() - self._synced >= SYNC_S:
+            self.sync()
         line = f"[train] step {step}: " + "  ".join(f"{k} {_fmt(v)}" for k, v in clean.items())
         if self._bar is not None:
             self._bar.write(line)
@@ -130,7 +142,17 @@ class MetricsWriter:
         else:
             print(text, flush=True)
 
+    def sync(self) -> None:
+        """Uploads the metric files to the bucket (nothing for a local directory or a silent process)."""
+        if self.remote and self._tb is not None:
+            self._tb.flush()
+            storage.push_files(self.directory, self.remote, ["metrics.jsonl"])
+            storage.push_tree(self.directory / "tensorboard", f"{self.remote}/tensorboard")
+            self._synced = time.monotonic()
+
     def close(self) -> None:
+        if self._tb is not None:
+            self.sync()
         if self._bar is not None:
             self._bar.close()
         if self._tb is not None:
@@ -149,7 +171,7 @@ def _fmt(value: float) -> str:
 def read_metrics(path: str | pathlib.Path) -> dict[int, dict[str, float]]:
     """Returns {step: scalars} from a metrics.jsonl; a step written twice (a resumed run) keeps its last line."""
     out: dict[int, dict[str, float]] = {}
-    for line in pathlib.Path(path).read_text().splitlines():
+    for line in storage.as_path(path).read_text().splitlines():
         if line.strip():
             record = json.loads(line)
             out[int(record.pop("step"))] = record

@@ -89,10 +89,12 @@ def run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
             result.set_exception(e)
 
     thread = threading.Thread(target=target, name="rmsweb-run-sync", daemon=True)
-    thread.start()
-    try:
+    try:  # a Ctrl-C right after start() (the coroutine already running) must cancel it too
+        thread.start()
         return wait_future(result, math.inf)
     except KeyboardInterrupt:
+        if not thread.is_alive() and not started.done():
+            raise  # interrupted before the thread started: nothing runs
         loop, task = started.result(timeout=_UNWIND_S)
         try:
             loop.call_soon_threadsafe(task.cancel)

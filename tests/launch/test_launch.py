@@ -127,6 +127,13 @@ def test_dry_run_local_workdir_on_one_host_or_when_shared(no_gcloud, accelerator
     assert "--workdir=/mnt/runs/8b" in result.stdout
 
 
+def test_dry_run_gs_workdir_on_several_hosts_needs_no_mount(no_gcloud):
+    args = without("--workdir", "--shared-workdir") + ["--workdir=gs://my-bucket/runs/8b"]
+    result = gcloud_tpu(*args, "--dry-run", path_prefix=no_gcloud)
+    assert result.returncode == 0, result.stderr
+    assert "--workdir=gs://my-bucket/runs/8b" in result.stdout
+
+
 def test_every_multi_host_example_in_the_docs_uses_a_shared_workdir():
     help_text = gcloud_tpu("--help").stdout
     docs = {"--help": help_text, "launch/README.md": (LAUNCH / "README.md").read_text()}
@@ -134,8 +141,9 @@ def test_every_multi_host_example_in_the_docs_uses_a_shared_workdir():
         runs = [cmd for cmd in _example_commands(text) if "gcloud_tpu.sh" in cmd and "--workdir=" in cmd]
         multi_host = [cmd for cmd in runs if _chips(cmd) > 8]
         assert multi_host or name == "--help", f"{name}: no multi-host example"
-        for cmd in multi_host:
-            assert "--shared-workdir" in cmd, f"{name}: multi-host example without a shared workdir: {cmd}"
+        for cmd in multi_host:  # a bucket (gs://), or a path every worker mounts
+            assert "--shared-workdir" in cmd or "--workdir=gs://" in cmd, \
+                f"{name}: multi-host example without a shared workdir: {cmd}"
     flat = {name: " ".join(text.split()) for name, text in docs.items()}  # the prose wraps anywhere
     assert "Orbax needs one directory that all hosts see" in flat["launch/README.md"]
     assert "workdir that every worker sees, in practice a bucket" in flat["--help"]
@@ -160,7 +168,7 @@ def _chips(cmd: str) -> int:
     (without("--config"), "--config is required"),
     (without("--workdir"), "--workdir is required"),
     (without("--workdir") + ["--workdir=runs/8b"], "expected an absolute path"),
-    (without("--workdir") + ["--workdir=gs://b/runs/8b"], "refuses a gs:// workdir for now; mount the bucket"),
+    (without("--workdir") + ["--workdir=gs://b"], "--workdir=gs://b: expected gs://BUCKET/FOLDER"),
     (without("--workdir", "--shared-workdir") + ["--workdir=/tmp/runs/8b"], "Orbax needs one directory every host sees"),
     ([a.replace("v5litepod-16", "v6e-32") for a in without("--workdir", "--shared-workdir")] + ["--workdir=/tmp/r"],
      "(multi-host)"),

@@ -58,7 +58,7 @@ def use_per_layer(model) -> bool:
     """
     layout = model.runtime.decode_layout
     if layout == "auto":
-        device = jax.devices()[0] if model.mesh is None else model.mesh.devices.flat[0]
+        device = jax.local_devices()[0] if model.mesh is None else model.mesh.devices.flat[0]
         one_device = model.mesh is None or model.mesh.size == 1
         return one_device and device.platform == "cpu" and copy_bytes(model.text) <= AUTO_MAX_COPY_BYTES
     return layout == "per_layer"

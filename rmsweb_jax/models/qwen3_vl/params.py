@@ -182,7 +182,9 @@ def from_hf(checkpoint_dir: str | os.PathLike, mesh=None, dtype=jnp.float32, *, 
         target = jnp.dtype(var.dtype)
         shape = tuple(var.shape)
         _check_shapes(ckpt, mapping, shape, config, name)
-        sh = _leaf(shardings, path) if shardings is not None else jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        # Without a mesh, this process's first device (on several processes jax.devices()[0] may be another's).
+        sh = (_leaf(shardings, path) if shardings is not None
+              else jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
         loaded[path] = var.replace(jax.make_array_from_callback(
             shape, sh, lambda idx, m=mapping, s=shape, t=target: _read_block(ckpt, m, s, idx).astype(t)))
     state = nnx.from_flat_state(loaded)

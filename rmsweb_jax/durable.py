@@ -8,10 +8,15 @@ import pathlib
 
 def file_sha256(path: str | pathlib.Path) -> str:
     """Returns the hex sha256 of the file at `path` (read in 1 MiB blocks)."""
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+        return stream_sha256(f)
+
+
+def stream_sha256(f) -> str:
+    """Returns the hex sha256 of what is left to read in the binary file object `f` (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
 
 

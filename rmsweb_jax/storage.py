@@ -23,7 +23,6 @@ tensorstore (Orbax's array writer) TENSORSTORE_GCS_HTTP_URL.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import pathlib
 import shutil
@@ -32,7 +31,7 @@ import tempfile
 import fsspec
 from etils import epath
 
-from rmsweb_jax.durable import fsync_dir
+from rmsweb_jax.durable import fsync_dir, stream_sha256
 from rmsweb_jax.errors import UserError
 
 SCHEME = "gs://"
@@ -62,6 +61,11 @@ def as_path(path):
         raise UserError(f"{text!r}: the {text.split('://')[0]}:// scheme is not supported; a path is local or "
                         "gs://BUCKET/FOLDER")
     return pathlib.Path(text)
+
+
+def user_path(text: str):
+    """Returns a path a user typed (a config value, a policy spec): gs:// as etils.epath, a local one with ~ expanded."""
+    return as_path(text) if is_remote(text) else pathlib.Path(text).expanduser()
 
 
 def refuse_remote(path, what: str) -> None:
@@ -241,11 +245,8 @@ def move_tree(source, target) -> None:
 
 def file_digest(path) -> str:
     """Returns the hex sha256 of the file at `path` (local or gs://)."""
-    digest = hashlib.sha256()
     with as_path(path).open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return stream_sha256(f)
 
 
 def _stamp(local: pathlib.Path, mtime: int) -> None:

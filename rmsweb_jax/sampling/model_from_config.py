@@ -41,7 +41,7 @@ def load_model(config, workdir: pathlib.Path, *, devices=None) -> tuple[qwen3_vl
     runtime = runtime_from_config(config.model)
     if init.startswith("hf:"):
         # A checkpoint on a bucket is read from its local mirror (safetensors and tokenizers read local files).
-        path = storage.pull_tree(init[3:]) if storage.is_remote(init[3:]) else pathlib.Path(init[3:]).expanduser()
+        path = storage.pull_tree(storage.user_path(init[3:]))
         if not (path / "config.json").is_file():
             raise UserError(f"model checkpoint {init!r}: {path} holds no config.json; expected an HF Qwen3-VL "
                             "checkpoint folder (config.json, *.safetensors, tokenizer files) or 'random:tiny'")

@@ -120,7 +120,7 @@ def _entry(spec: str, label: str, workdir: pathlib.Path, given: str) -> PolicyEn
         return PolicyEntry(label or "teacher", "teacher", given)
     kind, _, rest = spec.partition(":")
     if kind == "hf" and rest:
-        path = storage.as_path(rest) if storage.is_remote(rest) else pathlib.Path(rest).expanduser()
+        path = storage.user_path(rest)
         if not (path / "config.json").is_file():
             raise UserError(f"eval.policies {given!r}: {path} holds no HF checkpoint (config.json)")
         name = path.name if storage.is_remote(path) else path.resolve().name

@@ -81,14 +81,9 @@ def select_states(states: list[CriticalState], routine_share: float, seed: int) 
     return [s for i, s in enumerate(states) if i in keep]
 
 
-def _folder(path: str):
-    """Returns `path` as a local folder (~ expanded) or a bucket folder (gs://)."""
-    return storage.as_path(path) if storage.is_remote(path) else pathlib.Path(path).expanduser()
-
-
 def _checkpoint(cfg, workdir: pathlib.Path) -> str:
     spec = cfg.checkpoint or f"hf:{workdir / 'sft' / 'hf'}"
-    if spec.startswith("hf:") and not (_folder(spec[3:]) / "config.json").is_file():
+    if spec.startswith("hf:") and not (storage.user_path(spec[3:]) / "config.json").is_file():
         raise UserError(f"config.mine.checkpoint {spec!r}: no HF checkpoint there (run the sft stage with "
                         "config.train.export_hf=True first, or point it at hf:/path)")
     return spec

@@ -142,8 +142,7 @@ def run(config, workdir: pathlib.Path) -> dict:
                         f"{draw_settings.group_size} policy rows; raise the batch size or lower B or G")
     states = StateSet(cfg.states or workdir / "mine" / "states.arrayrecord")
     spec = cfg.init or f"hf:{workdir / 'sft' / 'hf'}"
-    folder = spec[3:] if storage.is_remote(spec[3:]) else pathlib.Path(spec[3:]).expanduser()
-    if spec.startswith("hf:") and not (storage.as_path(folder) / "config.json").is_file():
+    if spec.startswith("hf:") and not (storage.user_path(spec[3:]) / "config.json").is_file():
         raise UserError(f"config.salvage.init {spec!r}: no HF checkpoint there (run the sft stage first, or "
                         "give hf:/path/to/checkpoint)")
     run_config.model.init = spec

@@ -7,6 +7,10 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WORKDIR ?= workdir/demo
 PYTEST_ARGS ?=
+# pytest-xdist workers for make test / test-fast; whole test files go to one worker (--dist loadfile) so that
+# each module's fixtures are built once. 2 = the CI machine's cores; PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 .PHONY: test test-fast demo install chromium bench bench-quick clean
 
@@ -33,11 +37,11 @@ chromium:
 # lint-imports: the layer contract in .importlinter (a lower layer never imports a higher one).
 test: install chromium
 	$(VENV)/bin/lint-imports
-	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(VPY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install chromium
 	$(VENV)/bin/lint-imports
-	$(VPY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(VPY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 demo: install chromium
 	$(VPY) -m rmsweb_jax.main --config=configs/demo.py --workdir=$(WORKDIR)

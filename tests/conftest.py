@@ -2,6 +2,7 @@
 (real ones from $RMSWEB_BENCHMARKS, or small fixture records the tests write)."""
 import os
 import pathlib
+import signal
 
 # Must happen before jax is imported anywhere.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -13,6 +14,12 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# `make test` runs two pytest-xdist workers, which ignore SIGINT; a child process inherits an ignored signal, so
+# a test's child would not see the Ctrl-C the test sends it. Python's own handler here (as in a terminal) lets
+# children start with the default disposition.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The real task files (../shared/benchmarks in the project's own checkouts and CI; a folder made

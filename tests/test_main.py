@@ -92,18 +92,15 @@ def test_missing_inputs_exit_2_naming_the_value(tmp_path):
     assert f"no trajectory store at {tmp_path}/store (missing store.json)" in line
 
 
-def test_a_url_workdir_a_stage_cannot_write_is_refused_before_anything_is_written(tmp_path):
-    """gs:// workdirs run the stages of BUCKET_STAGES (tests/stages/test_gcs_workdir.py); the others, and other
-    URL schemes, are refused by name before anything is written (no local folder named "gs:/bucket/run")."""
+def test_a_workdir_url_of_another_scheme_is_refused_before_anything_is_written(tmp_path):
+    """gs:// workdirs run every stage (tests/stages/test_gcs_workdir.py, test_gcs_recipe.py); another URL scheme is
+    refused by name before anything is written (no local folder named "s3:/bucket/run")."""
     def run(workdir, stages):
         return _one_line_error(subprocess.run(
             [sys.executable, "-m", "rmsweb_jax.main", f"--config={REPO}/configs/demo.py", f"--workdir={workdir}",
              f"--config.stages={stages}"], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)),
             capture_output=True, text=True, timeout=600))
-    line = run("gs://bucket/run", "collect,sft,table")
-    assert "--workdir=gs://bucket/run: stage(s) ['table'] still write local files only and cannot run on a gs:// " \
-           "workdir yet" in line
-    assert "s3:// scheme is not supported" in run("s3://bucket/run", "model")
+    assert "s3:// scheme is not supported" in run("s3://bucket/run", "collect,sft,table")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -48,7 +48,7 @@ _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 
 def write_viewer(stores: Sequence[str | pathlib.Path], out_dir: str | pathlib.Path, *,
                  labels: Sequence[str] | None = None, max_episodes: int = 0) -> pathlib.Path:
-    """Returns out_dir/index.html after writing the index and one page per episode of `stores`
+    """Returns out_dir/index.html (out_dir may be gs://) after writing the index and one page per episode of `stores`
     (at most `max_episodes` of each store, in task/seed/attempt order; 0: all). `labels` name the
     stores' policies in the pages (default: the store's recorded policy, else its folder name)."""
     stores = [storage.as_path(s) for s in stores]  # a gs:// store is read through its mirror (TrajectoryStore)
@@ -59,7 +59,8 @@ def write_viewer(stores: Sequence[str | pathlib.Path], out_dir: str | pathlib.Pa
                          "store (--label, in --store order) or none")
     if max_episodes < 0:
         raise ValueError(f"max_episodes must be >= 0 (0: every episode), got {max_episodes!r}")
-    out_dir = pathlib.Path(out_dir)
+    remote = storage.as_path(out_dir) if storage.is_remote(out_dir) else None
+    out_dir = storage.mirror_dir(remote) if remote else pathlib.Path(out_dir)  # a bucket's: written here, uploaded
     readers = [TrajectoryStore(s) for s in stores]
     try:
         episodes = []
@@ -81,6 +82,9 @@ def write_viewer(stores: Sequence[str | pathlib.Path], out_dir: str | pathlib.Pa
                     bar.update()
         index = out_dir / "index.html"
         index.write_text(_index_html(rows, names, stores, time.monotonic() - started), encoding="utf-8")
+        if remote is not None:
+            storage.push_tree(out_dir, remote)
+            return remote / index.name
         return index
     finally:
         for store in readers:

@@ -29,6 +29,7 @@ from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.collect.sft_view import SFTExample
 from rmsweb_jax.data.sft import example_name
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING
 from rmsweb_jax.stages.sft import saved_split
 from rmsweb_jax.web.semantics import same_action
@@ -91,7 +92,7 @@ def step_accuracy(config, workdir: pathlib.Path) -> dict:
                         f"is {data.held_out_fraction}): set it > 0 and rerun the sft stage")
     indices = split.held_out[:cfg.max_examples] if cfg.max_examples > 0 else split.held_out
     examples = [view[int(i)] for i in indices]
-    spec = cfg.checkpoint or f"hf:{workdir / 'sft' / 'hf'}"
+    spec = cfg.checkpoint or f"hf:{links.folder(workdir, 'sft') / 'hf'}"
     if spec.startswith("hf:") and not (storage.as_path(os.path.expanduser(spec[3:])) / "config.json").is_file():
         raise UserError(f"config.action_accuracy.checkpoint {spec!r}: no HF checkpoint there (run the sft "
                         "stage with config.train.export_hf=True first, or point it at hf:/path)")

@@ -319,8 +319,6 @@ def run(config, workdir: pathlib.Path) -> dict:
         raise UserError(f"collect.suite {cfg.suite!r}: expected one of {list(SUITES)}")
     workdir = storage.as_path(workdir)  # local, or gs:// (the store then lives in a local mirror, see store.py)
     store_dir = storage.as_path(cfg.store_dir) if cfg.store_dir else workdir / "store"
-    if cfg.viewer:  # before any browser starts
-        storage.refuse_remote(workdir / VIEWER_DIR, "collect.viewer's folder (collect.viewer=True)")
     judge_name, _ = judge_spec(cfg)  # a wrong judge fails before any task file is read or model loaded
     check_success_rule(cfg.success, "collect.success")  # the report names it for every judge
     if cfg.retry_mode not in RETRY_MODES:

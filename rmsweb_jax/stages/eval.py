@@ -49,6 +49,7 @@ import ml_collections
 
 from rmsweb_jax import storage
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
@@ -110,7 +111,7 @@ def parse_policies(text: str, workdir: pathlib.Path) -> list[PolicyEntry]:
 
 def _entry(spec: str, label: str, workdir: pathlib.Path, given: str) -> PolicyEntry:
     if spec in STAGE_EXPORTS:
-        export = workdir / spec / "hf"
+        export = links.folder(workdir, spec) / "hf"
         if not (export / "config.json").is_file():
             raise UserError(f"eval.policies names {spec!r} but {export} holds no HF export (config.json): run the "
                             f"{spec} stage in this workdir with train.export_hf=True first, or name a checkpoint "
@@ -191,7 +192,7 @@ def training_store(config, workdir: pathlib.Path) -> pathlib.Path | None:
         return None
     if given:
         return storage.as_path(given)
-    return storage.as_path(config.collect.store_dir) if config.collect.store_dir else workdir / "store"
+    return storage.as_path(config.collect.store_dir) if config.collect.store_dir else links.folder(workdir, "store")
 
 
 def check_disjoint(pairs: list[tuple[str, int]], trained: set[tuple[str, int]], suite: str, source) -> None:
@@ -409,12 +410,8 @@ def run(config, workdir: pathlib.Path) -> dict:
     started = time.perf_counter()
     if ev.viewer and writer:
         from rmsweb_jax.evaluate.viewer import write_viewer
-        # The pages are written locally (in the bucket's mirror for a gs:// workdir), then uploaded.
-        viewer_dir = storage.mirror_dir(out_dir / "viewer") if storage.is_remote(out_dir) else out_dir / "viewer"
-        index = write_viewer([p["store_dir"] for p in policies], viewer_dir, labels=[p["label"] for p in policies])
-        if storage.is_remote(out_dir):
-            storage.push_tree(viewer_dir, out_dir / "viewer")
-            index = out_dir / "viewer" / index.name
+        index = write_viewer([p["store_dir"] for p in policies], out_dir / "viewer",
+                             labels=[p["label"] for p in policies])
         print(f"[eval] trajectory viewer: {index}")
     seconds["viewer"] = time.perf_counter() - started
     if writer:
@@ -424,8 +421,8 @@ def run(config, workdir: pathlib.Path) -> dict:
 
 def _training_curves(workdir: pathlib.Path, out_dir: pathlib.Path) -> pathlib.Path | None:
     """Writes out_dir/training_curves.png from the sft / salvage TensorBoard logs present; returns its path."""
-    logs = {stage: workdir / stage / "tensorboard" for stage in STAGE_EXPORTS
-            if (workdir / stage / "tensorboard").is_dir()}
+    logs = {stage: links.folder(workdir, stage) / "tensorboard" for stage in STAGE_EXPORTS}
+    logs = {stage: log for stage, log in logs.items() if log.is_dir()}
     if not logs:
         return None
     from rmsweb_jax.evaluate.plots import training_curves_png  # the event reader imports tensorboardX (~1 s)

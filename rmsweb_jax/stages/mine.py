@@ -28,6 +28,7 @@ from rmsweb_jax.errors import UserError
 from rmsweb_jax.mining.replay import ReplayedState, ReplaySettings, replay
 from rmsweb_jax.mining.report import compute_report, write_report
 from rmsweb_jax.mining.state_set import CriticalState, state_id, write_state_set
+from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING
 from rmsweb_jax.stages.sft import saved_split
 
@@ -82,7 +83,7 @@ def select_states(states: list[CriticalState], routine_share: float, seed: int) 
 
 
 def _checkpoint(cfg, workdir: pathlib.Path) -> str:
-    spec = cfg.checkpoint or f"hf:{workdir / 'sft' / 'hf'}"
+    spec = cfg.checkpoint or f"hf:{links.folder(workdir, 'sft') / 'hf'}"
     if spec.startswith("hf:") and not (storage.user_path(spec[3:]) / "config.json").is_file():
         raise UserError(f"config.mine.checkpoint {spec!r}: no HF checkpoint there (run the sft stage with "
                         "config.train.export_hf=True first, or point it at hf:/path)")

@@ -22,9 +22,6 @@ STAGES = {"model": "model_smoke", "collect": "collect", "train_smoke": "train_sm
           "action_accuracy": "action_accuracy", "mine": "mine",
           "salvage": "salvage", "eval": "eval", "table": "table"}
 STAGES_FILE = "stages.json"  # per run: each stage's decision, reason and wall time
-# The stages whose every read and write goes through rmsweb_jax/storage.py, so that their workdir may be a
-# bucket (gs://...); the others still write local files and refuse one (check_workdir).
-BUCKET_STAGES = ("model", "collect", "train_smoke", "sft", "action_accuracy", "mine", "salvage", "eval")
 
 
 def stage_module(name: str):
@@ -48,19 +45,6 @@ def stage_names(stages) -> list[str]:
     return names
 
 
-def check_workdir(workdir: str | pathlib.Path, stages: list[str]) -> None:
-    """Raises UserError for a workdir URL of another scheme than gs://, and for a gs:// workdir with a stage of
-    `stages` that still writes local files only (not in BUCKET_STAGES), naming those stages."""
-    if not storage.is_remote(storage.as_path(workdir)):
-        return
-    local_only = [name for name in stages if name not in BUCKET_STAGES]
-    if local_only:
-        raise UserError(f"--workdir={workdir}: stage(s) {local_only} still write local files only and cannot run "
-                        f"on a gs:// workdir yet (those that can: {list(BUCKET_STAGES)}); run them on a local "
-                        "workdir, or on a gcsfuse mount of the bucket at the same path on every host "
-                        "(e.g. --workdir=/mnt/bucket/runs/NAME)")
-
-
 def run_pipeline(config, workdir: str | pathlib.Path, *, prefix: str = "") -> list[dict]:
     """Returns the record of each stage of config.stages (stage, ran, reason, seconds), having run them in
     order, each unless its manifest says it is up to date (config.rerun forces some), printing
@@ -68,8 +52,7 @@ def run_pipeline(config, workdir: str | pathlib.Path, *, prefix: str = "") -> li
     from rmsweb_jax.stages import manifest
     stages = stage_names(config.stages)  # before anything is created or imported
     forced = manifest.forced_stages(config.rerun, stages, STAGES)
-    check_workdir(workdir, stages)
-    workdir = storage.as_path(workdir)  # a pathlib.Path, or an etils.epath.Path on a bucket
+    workdir = storage.as_path(workdir)  # a pathlib.Path, or an etils.epath.Path on a bucket (another scheme: refused)
     workdir.mkdir(parents=True, exist_ok=True)
     import jax
     writer = jax.process_index() == 0  # on a pod slice every host runs this; one writes the records

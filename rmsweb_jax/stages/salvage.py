@@ -40,6 +40,7 @@ from rmsweb_jax.salvage.batches import OLD_LOGPROBS, PromptTokens, anchor_row, p
 from rmsweb_jax.salvage.dynamic_sampling import DrawSettings, DynamicSampler
 from rmsweb_jax.salvage.gates import GateSettings
 from rmsweb_jax.salvage.rewards import RewardSettings, score_samples
+from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING
 from rmsweb_jax.stages.sft import check_tokenizer
 
@@ -140,8 +141,8 @@ def run(config, workdir: pathlib.Path) -> dict:
         raise UserError(f"config.salvage.train.batch_size (or config.train.batch_size) = {batch_size} cannot hold "
                         f"config.salvage.groups_per_step x group_size = {draw_settings.groups_per_step} x "
                         f"{draw_settings.group_size} policy rows; raise the batch size or lower B or G")
-    states = StateSet(cfg.states or workdir / "mine" / "states.arrayrecord")
-    spec = cfg.init or f"hf:{workdir / 'sft' / 'hf'}"
+    states = StateSet(cfg.states or links.folder(workdir, "mine") / "states.arrayrecord")
+    spec = cfg.init or f"hf:{links.folder(workdir, 'sft') / 'hf'}"
     if spec.startswith("hf:") and not (storage.user_path(spec[3:]) / "config.json").is_file():
         raise UserError(f"config.salvage.init {spec!r}: no HF checkpoint there (run the sft stage first, or "
                         "give hf:/path/to/checkpoint)")

@@ -24,6 +24,7 @@ from rmsweb_jax.collect.sft_view import SFTView
 from rmsweb_jax.collect.store import StoreError
 from rmsweb_jax.data.sft import SFTBatches, SFTDataConfig, Split, split_by_task
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.stages import links
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # The store is collect's unless data.store_dir names another (then that path is the dependency, not collect).
@@ -37,8 +38,17 @@ SPLIT_FILE = "split.json"
 
 
 def split_path(workdir: pathlib.Path) -> pathlib.Path:
-    """Returns where the sft stage writes its train / held-out split: <workdir>/sft/split.json."""
-    return storage.as_path(workdir) / NAME / SPLIT_FILE
+    """Returns where the sft stage writes its train / held-out split: <workdir>/sft/split.json (sft/ as linked)."""
+    return links.folder(workdir, NAME) / SPLIT_FILE
+
+
+def data_settings(config, workdir: pathlib.Path) -> SFTDataConfig:
+    """Returns the settings of config.data; data.store_dir "" = the workdir's store (<workdir>/store, as linked)."""
+    data = config.get("data")
+    if data is not None and not data.get("store_dir"):
+        data = dict(data.to_dict() if hasattr(data, "to_dict") else data)
+        data["store_dir"] = str(links.folder(workdir, "store"))
+    return SFTDataConfig.from_config(data, workdir)
 
 
 def split_record(data: SFTDataConfig, view: SFTView, split: Split) -> dict:
@@ -60,7 +70,7 @@ def saved_split(config, workdir: pathlib.Path) -> tuple[SFTDataConfig, SFTView, 
         raise UserError(f"{path}: no split; the sft stage writes it (the held-out task groups are the ones sft "
                         "left out of training): run the sft stage with this workdir first")
     saved = json.loads(path.read_text())
-    data = SFTDataConfig.from_config(config.get("data"), workdir)
+    data = data_settings(config, workdir)
     if str(data.store_dir) != saved["store_dir"]:
         raise UserError(f"config.data.store_dir resolves to {data.store_dir}, but {path} split the store at "
                         f"{saved['store_dir']}: evaluate on the store sft trained from")
@@ -85,7 +95,7 @@ def saved_split(config, workdir: pathlib.Path) -> tuple[SFTDataConfig, SFTView, 
 def load_split(config, workdir: pathlib.Path) -> tuple[SFTDataConfig, SFTView, Split]:
     """Returns (data settings, the store's SFT view, the train / held-out split); StoreError names a
     missing, empty or other-schema store."""
-    data = SFTDataConfig.from_config(config.get("data"), workdir)
+    data = data_settings(config, workdir)
     view = data.view()
     return data, view, split_by_task(view, data.held_out_fraction, data.split_seed)
 
@@ -128,7 +138,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     from rmsweb_jax.train.loop import Trainer
     workdir = storage.as_path(workdir)  # local, or gs://
     # The store first: a missing or empty one fails in a second, before any model is loaded.
-    if same_split_settings(split_path(workdir), SFTDataConfig.from_config(config.get("data"), workdir)):
+    if same_split_settings(split_path(workdir), data_settings(config, workdir)):
         # A rerun resumes the run that wrote this split: groups the store gained since stay out of it
         # (a recomputed split could hold out groups the checkpoint already trained on).
         data, view, split, _ = saved_split(config, workdir)

@@ -12,9 +12,10 @@ their stages are skipped and rerun by their own manifests exactly as the main on
   piece of Salvage-DS switched: reward partial_credit / graded, gates none / contrast, anchor off) and
   rl_all_states (mine with tau 1 and routine share ~1, so the state set is every replayed reference
   step, not the mined ones; then salvage, same number of updates, and eval).
-A variant reads the main stages' outputs through links: <variant>/<folder> is a symlink to the main
-workdir's folder (sft, mine, store) and <variant>/manifests/<stage>.json a copy of the main manifest,
-so when a main stage reruns, the copy changes and the variant's dependants rerun, as in one workdir.
+A variant reads the main stages' outputs through links: <variant>/links.json maps a folder name (sft,
+mine, store) to the main workdir's folder (rmsweb_jax/stages/links.py; a file, not symbolic links, so a
+gs:// workdir works the same) and <variant>/manifests/<stage>.json is a copy of the main manifest, so
+when a main stage reruns, the copy changes and the variant's dependants rerun, as in one workdir.
 
 The table is computed from the stores and reports alone: the collection figures from the two stores
 (collect/report.py compute_report), the policy rows from their eval stores on the same held-out pairs
@@ -26,12 +27,12 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 
 import ml_collections
 
+from rmsweb_jax import storage
 from rmsweb_jax.errors import UserError
-from rmsweb_jax.stages import collect, eval as eval_stage, manifest, mine, salvage, sft
+from rmsweb_jax.stages import collect, eval as eval_stage, links, manifest, mine, salvage, sft
 from rmsweb_jax.stages.pipeline import run_pipeline
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
@@ -61,27 +62,19 @@ ALL_STATES_TAU, ALL_STATES_ROUTINE_SHARE = 1.0, 0.999
 
 def store_of(config, workdir: pathlib.Path) -> pathlib.Path:
     """Returns the main collect store: collect.store_dir, or <workdir>/store."""
-    return pathlib.Path(config.collect.store_dir) if config.collect.store_dir else workdir / "store"
+    return storage.as_path(config.collect.store_dir) if config.collect.store_dir else storage.as_path(workdir) / "store"
 
 
-def _link(workdir: pathlib.Path, variant: pathlib.Path, stage: str, folder: str, target: pathlib.Path) -> None:
-    """Makes the main stage `stage` an input of the variant: its manifest copied, <variant>/<folder> -> target."""
+def _copy_manifest(workdir: pathlib.Path, variant: pathlib.Path, stage: str) -> None:
+    """Makes the main stage `stage` an input of the variant: its manifest copied into the variant's manifests
+    (rewritten only when the main one changed, so the variant's dependants rerun exactly then)."""
     source = manifest.manifest_path(workdir, stage)
     if not source.is_file():
         raise UserError(f"the table's variants read the {stage} stage's outputs, but {source} is missing: run "
                         f"--config.stages=collect,sft,mine,salvage,eval,table in {workdir}")
-    copy = manifest.manifest_path(variant, stage)
-    copy.parent.mkdir(parents=True, exist_ok=True)
-    if not copy.is_file() or copy.read_bytes() != source.read_bytes():
-        shutil.copyfile(source, copy)
-    link = variant / folder
-    if link.is_symlink() and pathlib.Path(link.readlink()) == target.resolve():
-        return
-    if link.is_symlink() or link.is_file():
-        link.unlink()
-    elif link.exists():
-        shutil.rmtree(link)
-    link.symlink_to(target.resolve(), target_is_directory=True)
+    copy, data = manifest.manifest_path(variant, stage), source.read_bytes()
+    if not copy.is_file() or copy.read_bytes() != data:
+        storage.write_bytes_atomic(copy, data)
 
 
 def _variant_config(config, stages: tuple[str, ...], **overrides) -> ml_collections.ConfigDict:
@@ -99,6 +92,7 @@ def _variant_config(config, stages: tuple[str, ...], **overrides) -> ml_collecti
 
 def variants(config, workdir: pathlib.Path) -> dict[str, tuple[ml_collections.ConfigDict, dict]]:
     """Returns {variant name: (its config, {main stage: (folder, target) it links})}, in running order."""
+    workdir = storage.as_path(workdir)
     store = store_of(config, workdir)
     trained_on = eval_stage.training_store(config, workdir)
     training_store = str(trained_on) if trained_on is not None else eval_stage.NO_CHECK
@@ -125,12 +119,18 @@ def variants(config, workdir: pathlib.Path) -> dict[str, tuple[ml_collections.Co
 
 def run_variants(config, workdir: pathlib.Path) -> dict[str, list[dict]]:
     """Runs every variant in <workdir>/variants/<name>/; returns {name: its stage records}."""
-    records = {}
-    for name, (vconfig, links) in variants(config, workdir).items():
+    import jax
+    workdir, records = storage.as_path(workdir), {}
+    for name, (vconfig, linked) in variants(config, workdir).items():
         vdir = workdir / VARIANTS_DIR / name
-        vdir.mkdir(parents=True, exist_ok=True)
-        for stage, (folder, target) in links.items():
-            _link(workdir, vdir, stage, folder, target)
+        if jax.process_index() == 0:  # one writer per workdir (pipeline.py); the others read what it wrote
+            vdir.mkdir(parents=True, exist_ok=True)
+            for stage in linked:
+                _copy_manifest(workdir, vdir, stage)
+            links.write_links(vdir, {folder: target for folder, target in linked.values()})
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices(f"table variant {name} linked")
         records[name] = run_pipeline(vconfig, vdir, prefix=f"{name}/")
     return records
 
@@ -150,7 +150,7 @@ def _collection(store_dir: pathlib.Path, attempts: int, success_rule: str) -> di
 
 def _eval_store(eval_dir: pathlib.Path, label: str) -> dict:
     """Returns the policy {"id", "label", "store_dir"} labelled `label` in eval_dir/eval_report.json."""
-    path = eval_dir / f"{eval_stage.REPORT_NAME}.json"
+    path = storage.as_path(eval_dir) / f"{eval_stage.REPORT_NAME}.json"
     if not path.is_file():
         raise UserError(f"{path} is missing: the eval stage writes it (run it before the table)")
     found = [p for p in json.loads(path.read_text())["policies"] if p["label"] == label]
@@ -200,7 +200,7 @@ def policy_rows(policies: list[dict], pairs: set[tuple[str, int]] | None, *, boo
 
 def mining_summary(report_path: pathlib.Path) -> dict:
     """Returns critical vs routine states and the failure modes by share of the critical states (mine/report.json)."""
-    report = json.loads(report_path.read_text())
+    report = json.loads(storage.as_path(report_path).read_text())
     modes = sorted(((m, n) for m, n in report["failure_modes"].items() if n), key=lambda x: (-x[1], x[0]))
     return {"report": str(report_path), "tau": report["tau"], "states": report["states"],
             "critical": report["critical"], "routine": report["routine"], "critical_share": report["critical_share"],
@@ -216,7 +216,7 @@ def salvage_summary(run_dir: pathlib.Path) -> dict:
     figure (each logged value is its window's mean, weighted here by the window's updates), the accepted and
     anchored shares of the groups drawn, and the sampled actions' correct share in the first and last window."""
     from rmsweb_jax.train.metrics import read_metrics
-    path = pathlib.Path(run_dir) / "metrics.jsonl"
+    path = storage.as_path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"{path} is missing: the salvage stage writes it (run it before the table)")
     metrics, previous, weighted, updates = read_metrics(path), 0, dict.fromkeys(SALVAGE_FIGURES, 0.0), 0
@@ -237,7 +237,7 @@ def salvage_summary(run_dir: pathlib.Path) -> dict:
 
 def build_table(config, workdir: pathlib.Path) -> dict:
     """Returns the table's figures from the main and variant workdirs' stores and reports."""
-    workdir = pathlib.Path(workdir)
+    workdir = storage.as_path(workdir)
     vdir = workdir / VARIANTS_DIR
     attempts, rule = int(config.collect.attempts), config.collect.success
     collector = TEACHER_LABEL if config.collect.policy == "teacher" else f"collector policy {config.collect.policy}"
@@ -329,13 +329,15 @@ def markdown(table: dict) -> str:
 
 def run(config, workdir: pathlib.Path) -> dict:
     """Runs the variants, then writes <workdir>/demo_table.{json,md} and prints the markdown; returns the table."""
-    workdir = pathlib.Path(workdir)
+    import jax
+    workdir = storage.as_path(workdir)  # local, or gs://
     records = run_variants(config, workdir)
     table = build_table(config, workdir)
     table["variants"] = {name: [{k: r[k] for k in ("stage", "ran", "reason")} for r in recs]
                          for name, recs in records.items()}
     text = markdown(table)
-    (workdir / f"{NAME}.json").write_text(json.dumps(table, indent=2))
-    (workdir / f"{NAME}.md").write_text(text)
-    print(text, flush=True)
+    if jax.process_index() == 0:
+        storage.write_text_atomic(workdir / f"{NAME}.json", json.dumps(table, indent=2))
+        storage.write_text_atomic(workdir / f"{NAME}.md", text)
+        print(text, flush=True)
     return table

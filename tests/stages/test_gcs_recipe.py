@@ -1,6 +1,7 @@
-"""The micro recipe collect -> sft -> mine -> salvage -> eval with --workdir=gs://... on a GCS emulator on 127.0.0.1:
-the store, the SFT and Salvage-DS checkpoints, metrics and exports, the state set, the reports, the eval stores,
-report and viewer land on the bucket (nothing in a local folder named "gs:"); an SFT run on the same store SIGKILLed
+"""The micro recipe collect -> sft -> mine -> salvage -> eval -> table with --workdir=gs://... on a GCS emulator on
+127.0.0.1: the store and its viewer, the SFT and Salvage-DS checkpoints, metrics and exports, the state set, the
+reports, the eval stores, report and viewer, the table's variants (linked to the main stages by their links.json)
+and the table land on the bucket (nothing in a local folder named "gs:"); an SFT run on the same store SIGKILLed
 after its first checkpoint reached the bucket resumes from it (data iterator included) and ends with the losses and
 parameters of the unbroken run; a rerun skips every stage."""
 import json
@@ -20,7 +21,7 @@ from rmsweb_jax.stages import manifest
 from rmsweb_jax.train.metrics import read_metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-STAGES = ("collect", "sft", "mine", "salvage", "eval")
+STAGES = ("collect", "sft", "mine", "salvage", "eval", "table")
 SFT_STEPS, EVERY = 4, 2
 
 
@@ -38,7 +39,7 @@ def _run(workdir: str, *, stages=STAGES, store_dir: str = "", die_after_checkpoi
         c.train.optimizer.total_steps = {SFT_STEPS}  # checkpoints every {EVERY} (train.checkpoint.every_steps)
         c.salvage.train.total_steps = 2
         c.data.store_dir = {store_dir!r}
-        c.eval.viewer = True
+        c.eval.viewer = c.collect.viewer = True
         die = {die_after_checkpoint}
         real_save = Trainer.save
         def save(self):
@@ -82,7 +83,10 @@ def test_the_micro_recipe_on_a_bucket_writes_there_resumes_sft_after_a_kill_and_
                  "checkpoints/random_demo/config.json", "mine/states.arrayrecord", "mine/report.json", "mine/report.md", "mine/failure_modes.png",
                  "mine/summary.json", "salvage/summary.json", "salvage/metrics.jsonl", "salvage/hf/config.json",
                  "eval/eval_report.json", "eval/eval_report.md", "eval/eval_report.png", "eval/training_curves.png",
-                 "eval/viewer/index.html", *(f"manifests/{stage}.json" for stage in STAGES)):
+                 "eval/viewer/index.html", "collect_viewer/index.html", "demo_table.json", "demo_table.md",
+                 "variants/plain_collect/store/store.json", "variants/sft_first/links.json",
+                 "variants/sft_first/manifests/collect.json", "variants/sft_first/sft/split.json",
+                 "variants/sft_first/eval/eval_report.json", *(f"manifests/{stage}.json" for stage in STAGES)):
         assert name in files, sorted(files)
     for folder in (f"sft/checkpoints/{SFT_STEPS}/", "salvage/checkpoints/2/", "sft/tensorboard/"):
         assert any(name.startswith(folder) for name in files), folder
@@ -94,6 +98,15 @@ def test_the_micro_recipe_on_a_bucket_writes_there_resumes_sft_after_a_kill_and_
         assert policy["overall"]["episodes"] == 2  # 2 tasks x 1 seed
     pages = [name for name in files if name.startswith("eval/viewer/episodes/") and name.endswith(".html")]
     assert len(pages) == 4, pages  # 2 policies x 2 episodes
+    # The table: its variants read the main store through links.json (a bucket has no symbolic links).
+    assert json.loads(storage.as_path(f"{run}/variants/sft_first/links.json").read_text()) == {"store": f"{run}/store"}
+    assert json.loads(storage.as_path(f"{run}/variants/sft_first/sft/split.json").read_text())["store_dir"] == \
+        f"{run}/store"
+    table = json.loads(storage.as_path(f"{run}/demo_table.json").read_text())
+    assert table["collection"]["plain"]["store_dir"] == f"{run}/variants/plain_collect/store"
+    assert [r["key"] for r in table["policies"]["rows"]] == ["sft_first", "sft", "rmsweb"]
+    assert all(r["episodes"] == 2 and r["store_dir"].startswith(f"{run}/") for r in table["policies"]["rows"])
+    assert "# RMSWeb at this scale" in storage.as_path(f"{run}/demo_table.md").read_text()
     mined = json.loads(storage.as_path(f"{run}/mine/summary.json").read_text())
     assert mined["state_set"]["path"] == f"{run}/mine/states.arrayrecord" and mined["states"] >= 1
     assert not (REPO / "gs:").exists() and not (tmp_path / "gs:").exists()

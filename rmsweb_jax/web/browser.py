@@ -79,9 +79,13 @@ async def launch_chromium(playwright, marker: str, *, executable: str | None = N
 
 def marked_pids(marker: str, exact: bool = False) -> list[int]:
     """Returns the pids of live browser processes whose command line carries `marker`; unless
-    `exact`, a prefix matches, so a pool's marker finds all of its workers' browsers."""
+    `exact`, a prefix matches, so a pool's marker finds all of its workers' browsers.
+
+    A process forked by a marked browser carries its command line until it execs (Chromium forks
+    its zygote and helpers): one whose parent is marked too is that browser's, not another one.
+    """
     needle = (MARKER_FLAG + marker).encode()
-    pids = []
+    parents = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -89,12 +93,12 @@ def marked_pids(marker: str, exact: bool = False) -> list[int]:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 args = f.read().split(b"\0")
             with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
+                state, ppid = f.read().rsplit(b")", 1)[1].split()[:2]
+        except (OSError, ValueError):
             continue
         if state != b"Z" and any(arg == needle if exact else arg.startswith(needle) for arg in args):
-            pids.append(int(entry))
-    return pids
+            parents[int(entry)] = int(ppid)
+    return sorted(pid for pid, ppid in parents.items() if ppid not in parents)
 
 
 def kill_marked(marker: str, exact: bool = False) -> list[int]:

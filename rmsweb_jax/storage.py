@@ -23,6 +23,8 @@ tensorstore (Orbax's array writer) TENSORSTORE_GCS_HTTP_URL.
 """
 from __future__ import annotations
 
+import datetime
+import io
 import os
 import pathlib
 import shutil
@@ -99,6 +101,15 @@ def write_text_atomic(path, text: str) -> None:
     write_bytes_atomic(path, text.encode())
 
 
+def write_png(path, image):
+    """Returns `path` (local or gs://) after writing the PIL image `image` there as a PNG, whole or not at all."""
+    data = io.BytesIO()
+    image.save(data, format="PNG")
+    path = as_path(path)
+    write_bytes_atomic(path, data.getvalue())
+    return path
+
+
 def upload(local: pathlib.Path, dest) -> None:
     """Copies the local file `local` to `dest` (a bucket object appears whole on upload; locally via a rename)."""
     dest = as_path(dest)
@@ -117,6 +128,15 @@ def mirror_dir(remote) -> pathlib.Path:
     return root / key
 
 
+def local_side(path) -> tuple[pathlib.Path, "epath.Path | None"]:
+    """Returns (where to write `path` through the local file system, the bucket path to upload it to): a local
+    path and None; for a gs:// path, its mirror (mirror_dir) and the path itself."""
+    if is_remote(path):
+        remote = as_path(path)
+        return mirror_dir(remote), remote
+    return pathlib.Path(path), None
+
+
 def remote_files(remote) -> dict[str, int]:
     """Returns {path relative to `remote`: size in bytes} of every object under bucket folder `remote`."""
     return {rel: size for rel, (size, _) in remote_versions(remote).items()}
@@ -124,25 +144,16 @@ def remote_files(remote) -> dict[str, int]:
 
 def remote_versions(remote) -> dict[str, tuple[int, int]]:
     """Returns {path relative to `remote`: (bytes, modification time in whole seconds)} of every object under
-    bucket folder `remote`."""
+    bucket folder `remote`, from one listing (sizes and times come with it: no request per object)."""
     remote = as_path(remote)
-    if not remote.exists():
-        return {}
-    prefix = str(remote)[len(SCHEME):].strip("/")
-    found = {}
-    for folder, _, files in remote.walk():
-        rel_folder = str(folder).strip("/")[len(prefix):].strip("/")
-        for name in files:
-            rel = f"{rel_folder}/{name}" if rel_folder else name
-            stat = (remote / rel).stat()
-            found[rel] = (stat.length, int(stat.mtime))
-    return found
+    prefix = str(remote)[len(SCHEME):].strip("/") + "/"
+    listing = epath.backend.fsspec_backend.fs(str(remote)).find(str(remote), detail=True)
+    return {name[len(prefix):]: (int(info["size"]), _seconds(info.get("mtime")))
+            for name, info in listing.items() if info.get("type") == "file" and name.startswith(prefix)}
 
 
 def local_files(local: pathlib.Path) -> dict[str, int]:
     """Returns {path relative to `local`: size} of every file under `local` (none when it does not exist)."""
-    if not local.is_dir():
-        return {}
     return {rel: size for rel, (size, _) in local_versions(local).items()}
 
 
@@ -235,18 +246,45 @@ def move_tree(source, target) -> None:
         return
     if source.is_dir():
         for rel in sorted(remote_files(source) if is_remote(source) else local_files(source)):
-            (target / rel).parent.mkdir(parents=True, exist_ok=True)
-            (target / rel).write_bytes((source / rel).read_bytes())
+            _copy_file(source / rel, target / rel)
         source.rmtree()
     else:
-        target.write_bytes(source.read_bytes())
+        _copy_file(source, target)
         source.unlink()
+
+
+def _copy_file(source, target) -> None:
+    """Copies one file or object: bucket to bucket inside GCS (no bytes through this host: a stale checkpoint
+    can be gigabytes), otherwise streamed in 4 MiB blocks."""
+    if is_remote(source) and is_remote(target):
+        epath.backend.fsspec_backend.fs(str(source)).copy(str(source), str(target))
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with source.open("rb") as src, target.open("wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 22)
+
+
+def remove_tree(path) -> None:
+    """Removes folder `path` and everything under it, local or on a bucket; nothing when it is absent."""
+    path = as_path(path)
+    if is_remote(path):
+        if remote_files(path):
+            path.rmtree()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 def file_digest(path) -> str:
     """Returns the hex sha256 of the file at `path` (local or gs://)."""
     with as_path(path).open("rb") as f:
         return stream_sha256(f)
+
+
+def _seconds(mtime) -> int:
+    """Returns an object's modification time in whole seconds as etils.epath's stat() gives it (mtime field)."""
+    if mtime is None:
+        return 0
+    return int(mtime.timestamp()) if isinstance(mtime, datetime.datetime) else int(mtime)
 
 
 def _stamp(local: pathlib.Path, mtime: int) -> None:

@@ -16,7 +16,6 @@ Figures (a "group" is every attempt of one task with one seed):
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 from typing import Any, Iterable
@@ -164,9 +163,7 @@ def write_report(store_dir: str | os.PathLike, out_dir: str | os.PathLike, attem
         report["run"] = extra
     storage.write_text_atomic(out_dir / f"{name}.json", json.dumps(report, indent=2))
     storage.write_text_atomic(out_dir / f"{name}.md", render_markdown(report))
-    png = io.BytesIO()
-    render_plot(report).save(png, format="PNG")
-    storage.write_bytes_atomic(out_dir / f"{name}.png", png.getvalue())
+    storage.write_png(out_dir / f"{name}.png", render_plot(report))
     return report
 
 

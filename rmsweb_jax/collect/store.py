@@ -44,9 +44,9 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 
 from rmsweb_jax.collect.records import SCHEMA_VERSION, StepRecord, TrajectoryRecord
 from rmsweb_jax.collect.store_layout import (
-    LAYOUT, LOCK_FILE, STEPS, STORE_FILE, STORE_FORMAT, TMP_PREFIX, TRAJECTORIES, Flush, StoreError, close_failed, describe,
-    find_damage, load_flushes, lock_store, marker_name, open_reader, orphan_files,
-    parse_shard_name, read_meta, repair_hint, shard_name, used_seqs, write_atomic)
+    LAYOUT, STEPS, STORE_FILE, STORE_FORMAT, TMP_PREFIX, TRAJECTORIES, Flush, StoreError, close_failed, describe,
+    find_damage, load_flushes, lock_store, marker_name, open_reader, orphan_files, parse_shard_name, pull_store,
+    push_store, read_meta, repair_hint, shard_name, used_seqs, write_atomic)
 from rmsweb_jax import storage
 from rmsweb_jax.durable import file_sha256, fsync_dir, fsync_file
 
@@ -83,7 +83,7 @@ class TrajectoryStore:
         # A gs:// store is read from its local mirror; `location` names the store as the user gave it.
         self.location = str(directory)
         self.remote = self.location if storage.is_remote(directory) else None
-        self.directory = storage.pull_tree(directory, keep=(LOCK_FILE,), rewritten=(STORE_FILE,))
+        self.directory = pull_store(directory)
         self.meta = read_meta(self.directory)
         self._flushes, damage = load_flushes(self.directory, self.meta)
         damage += find_damage(self.directory, self._flushes, full=verify == "full")
@@ -220,13 +220,13 @@ class StoreWriter(TrajectoryStore):
             raise ValueError(f"flush_every_tasks must be >= 1, got {flush_every_tasks!r}")
         if flush_every_s < 0:
             raise ValueError(f"flush_every_s must be >= 0, got {flush_every_s!r}")
-        remote = str(directory) if storage.is_remote(directory) else None
-        directory = storage.mirror_dir(remote) if remote else pathlib.Path(directory)
+        directory, remote = storage.local_side(directory)
+        remote = None if remote is None else str(remote)  # `location` stays the text the user gave
         directory.mkdir(parents=True, exist_ok=True)
         self._lock = lock_store(directory)  # on a bucket: one writer per mirror; one per store is the caller's duty
         try:
             if remote:
-                storage.pull_tree(remote, keep=(LOCK_FILE,), rewritten=(STORE_FILE,))
+                pull_store(remote)
             if not (directory / STORE_FILE).exists():
                 _write_json(directory / STORE_FILE, {
                     "format": STORE_FORMAT, "schema_version": SCHEMA_VERSION, "layout": LAYOUT,
@@ -237,7 +237,7 @@ class StoreWriter(TrajectoryStore):
             self._adopt(policy, provenance)
             self.remote, self.location = remote, remote or self.location
             if remote:  # the bucket loses the orphans removed here and gains store.json's updates
-                storage.push_tree(directory, remote, skip=(LOCK_FILE,), rewritten=(STORE_FILE,))
+                push_store(directory, remote)
         except BaseException:
             self._lock.close()
             raise

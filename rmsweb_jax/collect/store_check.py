@@ -21,8 +21,8 @@ import time
 
 from rmsweb_jax import storage
 from rmsweb_jax.collect.records import StepRecord, TrajectoryRecord
-from rmsweb_jax.collect.store_layout import (LOCK_FILE, QUARANTINE, STORE_FILE, Damage, Flush, StoreError, describe,
-                                             find_damage, load_flushes, lock_store, orphan_files, read_all, read_meta,
+from rmsweb_jax.collect.store_layout import (QUARANTINE, Damage, Flush, StoreError, describe, find_damage,
+                                             load_flushes, lock_store, orphan_files, pull_store, read_all, read_meta,
                                              write_atomic)
 from rmsweb_jax.durable import fsync_dir
 from rmsweb_jax.errors import UserError
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.check:  # a gs:// store is checked in its local mirror
-            return _print_check(storage.pull_tree(args.check, keep=(LOCK_FILE,), rewritten=(STORE_FILE,)))
+            return _print_check(pull_store(args.check))
         storage.refuse_remote(args.repair, "--repair")  # quarantining renames files: repair a local copy
         return _repair(pathlib.Path(args.repair))
     except (StoreError, UserError) as e:

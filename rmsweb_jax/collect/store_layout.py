@@ -28,6 +28,7 @@ from typing import Any
 
 from array_record.python.array_record_module import ArrayRecordReader
 
+from rmsweb_jax import storage
 from rmsweb_jax.collect.records import SCHEMA_VERSION, TrajectoryRecord
 from rmsweb_jax.durable import file_sha256, fsync_dir
 from rmsweb_jax.errors import UserError
@@ -42,6 +43,18 @@ TMP_PREFIX = ".tmp-"
 QUARANTINE = "quarantine"
 _SHARD = re.compile(rf"^({STEPS}|{TRAJECTORIES})-(\d{{6}}){re.escape(SUFFIX)}$")
 _MARKER = re.compile(rf"^{FLUSH}-(\d{{6}}){re.escape(MARKER_SUFFIX)}$")
+
+
+def pull_store(store_dir) -> pathlib.Path:
+    """Returns the local folder of the store at `store_dir`: itself, or a gs:// store's mirror made equal to the
+    bucket (rmsweb_jax/storage.py pull_tree; the mirror's lock kept, store.json always fetched: it is rewritten
+    in place)."""
+    return storage.pull_tree(store_dir, keep=(LOCK_FILE,), rewritten=(STORE_FILE,))
+
+
+def push_store(local: pathlib.Path, remote) -> None:
+    """Makes the gs:// store `remote` equal to its mirror `local` (storage.push_tree; the lock stays local)."""
+    storage.push_tree(local, remote, skip=(LOCK_FILE,), rewritten=(STORE_FILE,))
 
 
 class StoreError(UserError, RuntimeError):

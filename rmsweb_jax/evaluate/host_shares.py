@@ -10,7 +10,6 @@ no host's share: a rerun plays only what is missing. With one process the store 
 from __future__ import annotations
 
 import pathlib
-import shutil
 from typing import Any, Sequence
 
 from rmsweb_jax import storage
@@ -40,6 +39,31 @@ def host_share(pairs: Sequence[tuple[Any, int]], done: set[tuple[str, int]], pro
             if i % process_count == process_index and task_key(task.id, seed) not in done]
 
 
+def this_hosts_share(store_dir: pathlib.Path, pairs: Sequence[tuple[Any, int]]
+                     ) -> tuple[pathlib.Path, list[tuple[Any, int]]]:
+    """Returns (the store this process plays into, the pairs it plays): `store_dir` and every pair on one
+    process; on several, its part store and its share (host_share) of the pairs `store_dir` lacks."""
+    import jax
+    hosts = jax.process_count()
+    if hosts == 1:
+        return store_dir, list(pairs)
+    me = jax.process_index()
+    return part_dir(store_dir, me), host_share(list(pairs), stored_keys(store_dir), me, hosts)
+
+
+def merge_when_played(store_dir: pathlib.Path, what: str) -> None:
+    """Once every host has played its share (`what` names the play in the barriers): process 0 merges the parts
+    into `store_dir` between two barriers, so every host then reads the same store. Nothing on one process."""
+    import jax
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(f"{what} played {store_dir}")
+    if jax.process_index() == 0:
+        merge_parts(store_dir, jax.process_count())
+    multihost_utils.sync_global_devices(f"{what} merged {store_dir}")
+
+
 def merge_parts(store_dir: pathlib.Path, process_count: int) -> int:
     """Returns how many task groups the part stores added to `store_dir`, having copied them there (their
     policy and provenance with them) and removed the parts. Process 0 calls it, after every host played."""
@@ -58,11 +82,7 @@ def merge_parts(store_dir: pathlib.Path, process_count: int) -> int:
                         out.add_group([(traj, reader.steps(traj)) for traj in group])
                         added += 1
     for part in parts:  # after every part is committed to the store: a kill before here loses nothing
-        if storage.is_remote(part):
-            if storage.remote_files(part):
-                part.rmtree()
-        elif part.exists():
-            shutil.rmtree(part)
+        storage.remove_tree(part)
     if parts and not storage.is_remote(parts[0]) and parts[0].parent.exists():
         parts[0].parent.rmdir()  # (a bucket has no folders: its last object gone, the folder is gone)
     return added

@@ -7,7 +7,6 @@ need bars, lines and text, which PIL draws in a few dozen lines each.
 """
 from __future__ import annotations
 
-import io
 import math
 import os
 import pathlib
@@ -122,7 +121,7 @@ def success_by_task_png(rows: Mapping[str, Mapping[str, Mapping]], path: str | o
             img.paste(tile, (middle - tile.width // 2, y1 + 6), tile)
         else:
             draw.text((middle - _text_width(draw, task) // 2, y1 + 8), task, fill="black")
-    return _save(img, path)
+    return storage.write_png(path, img)
 
 
 def _fmt(value: float) -> str:
@@ -189,13 +188,4 @@ def training_curves_png(curves: Mapping[str, Mapping[str, Sequence[tuple[int, fl
             y = top + r * (panel_h + gap_y)
             _curve_panel(draw, (x, y, x + panel_w, y + panel_h), f"{stage}: {tag}", by_tag.get(tag, []),
                          policy_color(r))
-    return _save(img, path)
-
-
-def _save(img: Image.Image, path) -> pathlib.Path:
-    """Returns `path` (local or gs://) after writing `img` there as a PNG, whole or not at all."""
-    data = io.BytesIO()
-    img.save(data, format="PNG")
-    path = storage.as_path(path)
-    storage.write_bytes_atomic(path, data.getvalue())
-    return path
+    return storage.write_png(path, img)

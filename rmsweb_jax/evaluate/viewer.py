@@ -59,8 +59,7 @@ def write_viewer(stores: Sequence[str | pathlib.Path], out_dir: str | pathlib.Pa
                          "store (--label, in --store order) or none")
     if max_episodes < 0:
         raise ValueError(f"max_episodes must be >= 0 (0: every episode), got {max_episodes!r}")
-    remote = storage.as_path(out_dir) if storage.is_remote(out_dir) else None
-    out_dir = storage.mirror_dir(remote) if remote else pathlib.Path(out_dir)  # a bucket's: written here, uploaded
+    out_dir, remote = storage.local_side(out_dir)  # a bucket's folder: written in its mirror, then uploaded
     readers = [TrajectoryStore(s) for s in stores]
     try:
         episodes = []

@@ -9,7 +9,6 @@ them), and what the run measured (throughput, steps skipped by label, the state 
 from __future__ import annotations
 
 import collections
-import io
 import json
 import pathlib
 from typing import Any, Sequence
@@ -133,7 +132,5 @@ def write_report(out_dir: str | pathlib.Path, report: dict[str, Any]) -> dict[st
     paths = {"json": out_dir / JSON_NAME, "markdown": out_dir / MARKDOWN_NAME, "plot": out_dir / PLOT_NAME}
     storage.write_text_atomic(paths["json"], json.dumps(report, indent=2))
     storage.write_text_atomic(paths["markdown"], render_markdown(report))
-    png = io.BytesIO()
-    render_plot(report).save(png, format="PNG")
-    storage.write_bytes_atomic(paths["plot"], png.getvalue())
+    storage.write_png(paths["plot"], render_plot(report))
     return paths

@@ -111,19 +111,13 @@ def run_rollouts(config, workdir: str | os.PathLike, policy: Policy, tasks_and_s
     On several processes each plays its share of the groups into its own part store and process 0
     merges the parts into the rollout store (evaluate/host_shares.py), so every host returns the same
     store; the summary is this process's."""
-    import jax
-
     from rmsweb_jax.evaluate import host_shares
     cfg = config.collect
     store_dir = rollout_store_dir(workdir, policy.name)
-    hosts, me = jax.process_count(), jax.process_index()
-    target, pairs = store_dir, list(tasks_and_seeds)
-    if hosts > 1:
-        if (store_dir / STORE_FILE).is_file():
-            with TrajectoryStore(store_dir) as merged:
-                check_store_success_rule(merged.trajectories(), cfg.success, store_dir)
-        pairs = host_shares.host_share(pairs, host_shares.stored_keys(store_dir), me, hosts)
-        target = host_shares.part_dir(store_dir, me)
+    target, pairs = host_shares.this_hosts_share(store_dir, tasks_and_seeds)
+    if target != store_dir and (store_dir / STORE_FILE).is_file():  # the merged store, which no host opens
+        with TrajectoryStore(store_dir) as merged:
+            check_store_success_rule(merged.trajectories(), cfg.success, store_dir)
     with StoreWriter(target, flush_every_tasks=cfg.flush_every_tasks, flush_every_s=cfg.flush_every_s,
                      policy=policy.name, provenance=policy_provenance(policy)) as store:
         check_store_success_rule(store.trajectories(), cfg.success, target)
@@ -132,12 +126,7 @@ def run_rollouts(config, workdir: str | os.PathLike, policy: Policy, tasks_and_s
             worker_config=WorkerConfig(step_timeout_s=cfg.step_timeout_s), batch_window_s=cfg.batch_window_s,
             pool_max_attempts=cfg.pool_max_attempts, fault_reruns=cfg.fault_reruns, progress=cfg.progress)
         summary = collector.run_pairs(pairs)
-    if hosts > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices(f"rollouts played {store_dir}")
-        if me == 0:
-            host_shares.merge_parts(store_dir, hosts)
-        multihost_utils.sync_global_devices(f"rollouts merged {store_dir}")
+    host_shares.merge_when_played(store_dir, "rollouts")
     return store_dir, summary
 
 

@@ -180,8 +180,7 @@ def write_state_set(path: str | os.PathLike, states: Iterable[CriticalState]) ->
     """Writes `states` to the ArrayRecord file `path` (all or nothing: temp file, fsync, rename, folder
     fsync; on a bucket one object uploaded from the local mirror) and returns the path. Raises ValueError for two
     states with one state_id."""
-    remote = storage.as_path(path) if storage.is_remote(path) else None
-    path = storage.mirror_dir(remote) if remote else pathlib.Path(path)
+    path, remote = storage.local_side(path)
     states = list(states)
     seen: dict[str, int] = {}
     for i, state in enumerate(states):

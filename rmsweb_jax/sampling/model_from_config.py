@@ -72,14 +72,11 @@ def _random_checkpoint(name: str, workdir, seed: int) -> pathlib.Path:
 
 
 def _ensure_random_checkpoint(name: str, path, seed: int) -> pathlib.Path:
-    if storage.is_remote(path):  # written and read in the local mirror, kept on the bucket
-        remote, path = path, storage.pull_tree(path)
-        if not (path / "config.json").is_file():
-            _write_random_checkpoint(name, path, seed)
-            storage.push_folder(path, remote, last="config.json")  # config.json, the file looked for, last
-    elif not (path / "config.json").is_file():
-        _write_random_checkpoint(name, path, seed)
-    return path
+    local = storage.pull_tree(path)  # on a bucket: written and read in the local mirror, kept on the bucket
+    if not (local / "config.json").is_file():
+        _write_random_checkpoint(name, local, seed)
+        storage.push_folder(local, path, last="config.json")  # config.json, the file looked for, last
+    return local
 
 
 def _write_random_checkpoint(name: str, path: pathlib.Path, seed: int) -> None:

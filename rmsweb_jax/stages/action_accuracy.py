@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import pathlib
 import time
 
@@ -93,7 +92,7 @@ def step_accuracy(config, workdir: pathlib.Path) -> dict:
     indices = split.held_out[:cfg.max_examples] if cfg.max_examples > 0 else split.held_out
     examples = [view[int(i)] for i in indices]
     spec = cfg.checkpoint or f"hf:{links.folder(workdir, 'sft') / 'hf'}"
-    if spec.startswith("hf:") and not (storage.as_path(os.path.expanduser(spec[3:])) / "config.json").is_file():
+    if spec.startswith("hf:") and not (storage.user_path(spec[3:]) / "config.json").is_file():
         raise UserError(f"config.action_accuracy.checkpoint {spec!r}: no HF checkpoint there (run the sft "
                         "stage with config.train.export_hf=True first, or point it at hf:/path)")
     chat_model = ChatModel.load(spec, workdir, config=config, max_batch=cfg.batch_size)

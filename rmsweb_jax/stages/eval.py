@@ -283,19 +283,13 @@ def play(env, policy, judge, store_dir: pathlib.Path, tasks: list, seeds: list[i
 
     With several processes each plays its share of the pairs into its own part store and process 0
     merges the parts into store_dir (evaluate/host_shares.py); the summary is this process's."""
-    import jax
-
     from rmsweb_jax.collect.retries import RetryCollector
     from rmsweb_jax.collect.store import StoreWriter
     from rmsweb_jax.collect.store_provenance import policy_provenance
     from rmsweb_jax.evaluate import host_shares
     from rmsweb_jax.stages.collect import make_suite
     from rmsweb_jax.web.worker import WorkerConfig
-    pairs, hosts, me = [(t, s) for t in tasks for s in seeds], jax.process_count(), jax.process_index()
-    target = store_dir
-    if hosts > 1:
-        pairs = host_shares.host_share(pairs, host_shares.stored_keys(store_dir), me, hosts)
-        target = host_shares.part_dir(store_dir, me)
+    target, pairs = host_shares.this_hosts_share(store_dir, [(t, s) for t in tasks for s in seeds])
     with make_suite(env) as suite, StoreWriter(target, flush_every_tasks=env.flush_every_tasks,
                                                flush_every_s=env.flush_every_s, policy=policy.name,
                                                provenance=policy_provenance(policy)) as store:
@@ -303,12 +297,7 @@ def play(env, policy, judge, store_dir: pathlib.Path, tasks: list, seeds: list[i
                                  worker_config=WorkerConfig(step_timeout_s=env.step_timeout_s),
                                  batch_window_s=batch_window_s, pool_max_attempts=env.pool_max_attempts,
                                  fault_reruns=env.fault_reruns, progress=env.progress).run_pairs(pairs)
-    if hosts > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices(f"eval played {store_dir}")
-        if me == 0:
-            host_shares.merge_parts(store_dir, hosts)
-        multihost_utils.sync_global_devices(f"eval merged {store_dir}")
+    host_shares.merge_when_played(store_dir, "eval")
     return summary
 
 

@@ -203,12 +203,10 @@ class Trainer:
             hf_dir = self.run_dir / "hf"
             already = self.resumed_from == self.step_count and (hf_dir / "config.json").is_file()
             if not already:  # a finished run restarted: its export is already there
-                if storage.is_remote(hf_dir):  # safetensors writes local files: the mirror, then the bucket
-                    to_hf(self.model(), storage.mirror_dir(hf_dir), tokenizer_dir=self.init_dir)
-                    if self.is_writer:  # every process gathers, process 0 writes (to_hf)
-                        storage.push_folder(storage.mirror_dir(hf_dir), hf_dir, last="config.json")
-                else:
-                    to_hf(self.model(), hf_dir, tokenizer_dir=self.init_dir)
+                local, remote = storage.local_side(hf_dir)  # safetensors writes local files: on a bucket the mirror
+                to_hf(self.model(), local, tokenizer_dir=self.init_dir)
+                if remote is not None and self.is_writer:  # every process gathers, process 0 writes (to_hf)
+                    storage.push_folder(local, remote, last="config.json")
                 self.writer.message(f"[train] exported step {self.step_count} in HF format to {hf_dir}")
         return TrainResult(self.run_dir, self.step_count, self.resumed_from, dict(self.last_metrics), hf_dir)
 

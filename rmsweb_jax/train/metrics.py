@@ -88,8 +88,7 @@ class MetricsWriter:
                  initial_step: int = 0, progress: bool = True):
         # On a bucket the sinks write a local mirror (tensorboardX and an appended file want local files), uploaded
         # by sync(): at most every SYNC_S seconds, at every checkpoint (Trainer.save) and on close.
-        self.remote = str(directory) if storage.is_remote(directory) else None
-        self.directory = storage.mirror_dir(directory) if self.remote else pathlib.Path(directory)
+        self.directory, self.remote = storage.local_side(directory)
         self._synced = time.monotonic()
         self.enabled = enabled
         self._tb = None

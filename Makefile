@@ -18,11 +18,17 @@ $(VPY):
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 
+# libtpu's compiler for the ahead-of-time TPU compiles (tests marked tpu_aot, `plan --compile`): the version that
+# matches constraints.txt's jax, in its own folder off the venv's import path (rmsweb_jax/plan/tpu_aot.py says why).
+LIBTPU_VERSION := 0.0.42
+
 # torch is the test-time reference only; install the CPU build (on local disk) first so that
 # nothing later can pull a CUDA build.
-$(STAMP): $(VPY) setup.py constraints.txt
+$(STAMP): $(VPY) setup.py constraints.txt Makefile
 	$(VPY) -m pip install -q "torch==2.13.0"
 	$(VPY) -m pip install -q -c constraints.txt -e ".[test]"
+	rm -rf $(VENV)/libtpu
+	$(VPY) -m pip install -q --no-deps --target $(VENV)/libtpu "libtpu==$(LIBTPU_VERSION)"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -20,6 +20,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.attention_impl = "auto"       # auto (xla on CPU, splash on TPU, cudnn on GPU) | xla | splash | cudnn
     c.model.scan_layers = True            # False: Python loop over layers (faster steps, compile grows with depth)
     c.model.decode_layout = "auto"        # auto (per_layer on one CPU device, copies up to 2 GiB) | stacked | per_layer
+    c.model.decode_sharding = "auto"      # on a mesh: auto (replicated if the decode copy <= 1/4 of HBM, else tensor)
+                                          # | tensor | replicated | training (no copy: FSDP weights gathered per token)
+    c.model.vision_window = 4096          # most patches one image may have; vision attention then costs linear, not
+                                          # quadratic, in a microbatch's images. A 1280x720 screenshot: smart_resize
+                                          # -> 1280x704 -> 80x44 = 3520 patches of 16, rounded up to 4096 as
+                                          # configs/pod_slices.py budgets it. Larger images are refused; 0 = no window
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = (1, -1, 1)             # (data, fsdp, tensor); -1 takes the remaining devices

@@ -6,7 +6,9 @@ With Qwen's vocabulary of 151,936 the float32 [T, V] logits (and their gradient)
 memory of RL and SFT losses. Every path here tiles the vocabulary with an online
 log-sum-exp, and its backward (custom_vjp) recomputes logit tiles instead of keeping them:
 
-  impl="chunked"          lax loop over vocabulary chunks (token_logprobs_chunked); CPU and GPU default
+  impl="chunked"          lax loop over vocabulary chunks (token_logprobs_chunked); CPU and GPU default.
+                          Given a mesh of more than one device, the shard_map version of the same
+                          loop (token_logprobs_sharded: one all-gather of W per forward, bf16 dots)
   impl="pallas"           Pallas kernels: Mosaic layout on TPU (token_logprobs_tpu), Triton
                           layout on GPU (token_logprobs_gpu); the default on TPU only
   impl="pallas_interpret" the TPU-layout kernels in interpret mode (runs on CPU; for tests)
@@ -25,6 +27,7 @@ import numpy as np
 from kernels import _dispatch
 from kernels.token_logprobs_chunked import DEFAULT_BLOCK_V, token_logprobs_chunked
 from kernels.token_logprobs_gpu import token_logprobs_gpu
+from kernels.token_logprobs_sharded import token_logprobs_sharded
 from kernels.token_logprobs_tpu import token_logprobs_tpu
 
 f32 = jnp.float32
@@ -32,7 +35,8 @@ f32 = jnp.float32
 
 def token_logprobs(hidden, lm_head, targets, *, temperature: float = 1.0,
                    return_entropy: bool = False, impl: str | None = None,
-                   block_t: int | None = None, block_v: int | None = None):
+                   block_t: int | None = None, block_v: int | None = None, mesh=None,
+                   hidden_spec=None, lm_head_spec=None):
     """Returns log p(targets) [...] float32, or (logp, entropy) with return_entropy=True.
 
     hidden: [..., D] (any float dtype), lm_head: [D, V], targets: [...] integer token ids in
@@ -41,17 +45,30 @@ def token_logprobs(hidden, lm_head, targets, *, temperature: float = 1.0,
     Entropy is that of the tempered distribution, -sum_v p_v log p_v, in nats.
     block_t / block_v: tile sizes (block_t only matters to the Pallas paths); None picks
     defaults per path (see the modules). impl: see the module docstring.
+    mesh, hidden_spec, lm_head_spec: a jax.sharding.Mesh and the PartitionSpecs of hidden and
+    lm_head on it; with impl "chunked" and a mesh of more than one device they select
+    token_logprobs_sharded (other paths, and single devices, ignore them).
     """
     hidden, lm_head, targets, temperature = _validate(hidden, lm_head, targets, temperature)
     for name, size in (("block_t", block_t), ("block_v", block_v)):
         if size is not None and (not isinstance(size, int) or size <= 0):
             raise ValueError(f"{name} must be a positive int or None, got {size!r}")
+    if mesh is not None and (hidden_spec is None or lm_head_spec is None):
+        raise ValueError(f"with mesh={mesh} give both hidden_spec and lm_head_spec (PartitionSpecs), "
+                         f"got {hidden_spec!r} and {lm_head_spec!r}")
     lead = targets.shape
     h = hidden.reshape(-1, hidden.shape[-1])
     y = targets.reshape(-1).astype(jnp.int32)
     launch = _dispatch.resolve(impl, allowed=_dispatch.IMPLS, cpu_default="chunked")
     if launch.impl == "reference":
         logp, ent = token_logprobs_reference(h, lm_head, y, temperature=temperature)
+    elif launch.impl == "chunked" and mesh is not None and mesh.size > 1:
+        # Leading dims stay unflattened: shard_map needs the layout of each.
+        logp, ent = token_logprobs_sharded(hidden, lm_head, targets, mesh=mesh, hidden_spec=hidden_spec,
+                                           lm_head_spec=lm_head_spec, temperature=temperature,
+                                           return_entropy=return_entropy,
+                                           block_v=block_v or DEFAULT_BLOCK_V)
+        return (logp, ent) if return_entropy else logp
     elif launch.impl == "chunked":
         logp, ent = token_logprobs_chunked(h, lm_head, y, temperature=temperature,
                                            return_entropy=return_entropy,
@@ -59,7 +76,8 @@ def token_logprobs(hidden, lm_head, targets, *, temperature: float = 1.0,
     elif hidden.dtype != lm_head.dtype:  # the kernels' dots take one dtype; h is the small one
         return token_logprobs(hidden.astype(lm_head.dtype), lm_head, targets,
                               temperature=temperature, return_entropy=return_entropy,
-                              impl=impl, block_t=block_t, block_v=block_v)
+                              impl=impl, block_t=block_t, block_v=block_v, mesh=mesh,
+                              hidden_spec=hidden_spec, lm_head_spec=lm_head_spec)
     elif launch.platform == "gpu":
         logp, ent = token_logprobs_gpu(h, lm_head, y, temperature=temperature,
                                        return_entropy=return_entropy, block_t=block_t,

@@ -167,10 +167,11 @@ class ReferenceLogprobs:
         length = round_up(max(len(e["input_ids"]) for e in encoded), LOGPROB_LENGTH_QUANTUM)
         patches = round_up(max(sum(len(e["pixel_values"]) for e in encoded), 1), LOGPROB_PATCH_QUANTUM)
         import jax
-        if not jax.tree.leaves(self.parts.params)[0].is_fully_addressable:  # a mesh over several processes
+        if len(jax.tree.leaves(self.parts.params)[0].sharding.device_set) > 1:
+            # A mesh (over one or several processes): rows split over its batch axes, not replicated on every device.
             return self._over_processes(encoded, length, patches)
         host = assemble([[e] for e in encoded], length, patches, image_config.patch_dim, pad_id=model.pad_id)
-        batch = prepare_batch(host, model.model.config, 1)
+        batch = prepare_batch(host, model.model.config, 1, vision_window=model.model.runtime.vision_window)
         logps = sequence_logprobs(self._fn(self.parts.params, batch), batch.weights)
         return [float(x) for x in np.asarray(logps)[0]]
 
@@ -193,7 +194,8 @@ class ReferenceLogprobs:
         mine = encoded[me * local:(me + 1) * local]
         host = assemble([[e] for e in mine] + [[]] * (local - len(mine)), length, patches,
                         model.image_config.patch_dim, pad_id=model.pad_id)
-        batch = batch_lib.prepare_batch(host, model.model.config, 1, rows=local, mesh=mesh, rules=DEFAULT_RULES)
+        batch = batch_lib.prepare_batch(host, model.model.config, 1, rows=local, mesh=mesh, rules=DEFAULT_RULES,
+                                        vision_window=model.model.runtime.vision_window)
         placed = batch_lib.to_global(batch, batch_lib.batch_shardings(batch, mesh, DEFAULT_RULES))
         logps = np.asarray(multihost_utils.process_allgather(
             sequence_logprobs(self._fn(self.parts.params, placed), placed.weights), tiled=True))[0]

@@ -4,14 +4,27 @@ Masking is expressed once, for every backend, by segment ids and positions:
   key s is visible to query t  iff  seg_q[t] == seg_k[s] != 0  and (not causal or pos_k[s] <= pos_q[t]).
 Segment id 0 marks padding; packed sequences use ids 1, 2, ...; vision uses one id per image/frame,
 which gives the block-diagonal attention of the vision tower. A KV cache marks empty slots with 0.
+
+`window` makes that block-diagonal structure cheap: when every segment is contiguous and at most
+`window` long, a query's visible keys all lie within `window` positions of it, so attention over the
+band |t - s| <= window is exact and costs O(T * window) instead of O(T^2). Splash skips the off-band
+blocks (a LocalMask); XLA computes query chunks against the keys around them (`_xla_banded`).
+
+Under a multi-device mesh, splash (a Mosaic kernel, which XLA cannot partition) runs per device inside
+`jax.shard_map`, as MaxText does: batch over the mesh axes of logical "batch", heads over those of the
+heads' logical name when both query and key/value heads divide by them; the sequence stays whole.
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import jax
 import jax.numpy as jnp
 from absl import logging
+from jax.sharding import PartitionSpec
+
+from rmsweb_jax.models import sharding
 
 _SPLASH_BLOCK = 128  # splash tiles the sequence in blocks of 128 (Mosaic's lane width)
 _CAUSAL_CHUNK = 128  # smallest query chunk of the XLA path's block-causal split
@@ -21,11 +34,17 @@ _FALLBACKS_LOCK = threading.Lock()
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_segment_ids: jax.Array, kv_segment_ids: jax.Array,
               causal: bool, q_positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
-              impl: str = "auto", scale: float | None = None) -> jax.Array:
+              impl: str = "auto", scale: float | None = None, window: int | None = None, mesh=None,
+              rules=sharding.DEFAULT_RULES, head_axes: tuple[str, str] = ("q_heads", "kv_heads")) -> jax.Array:
     """Returns softmax(q k^T * scale + mask) v, shape [B, T, H, D].
 
     q: [B, T, H, D]; k, v: [B, S, KVH, D] with H a multiple of KVH (grouped-query attention).
     Segment ids: int [B, T] / [B, S]. Positions (for `causal`): int [B, T] / [B, S]; default arange.
+    window: the longest segment (self-attention in sequence order only); only keys within `window` of
+    their query are computed. A row whose segments break that promise comes back all NaN rather than
+    silently attending to part of its segment. None: every key.
+    mesh, rules: the mesh splash runs on (one shard_map program per device) and the logical-axis rules
+    that place batch and heads; head_axes: the logical names of the query and key/value heads.
     """
     b, t, h, d = q.shape
     s, kvh = k.shape[1], k.shape[2]
@@ -38,18 +57,79 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_segment_ids: jax.Ar
     if causal:
         q_positions = jnp.broadcast_to(jnp.arange(t), (b, t)) if q_positions is None else q_positions
         kv_positions = jnp.broadcast_to(jnp.arange(s), (b, s)) if kv_positions is None else kv_positions
-    requested, impl = impl, _resolve(impl)
-    if impl in ("splash", "splash_interpret") and in_order and t % _SPLASH_BLOCK == 0:
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"attention: window must be a positive int (the longest segment), got {window!r}")
+        if not in_order:
+            raise ValueError(f"attention: window={window} needs self-attention in sequence order (T == S, no "
+                             f"positions given), got q {tuple(q.shape)}, k {tuple(k.shape)}")
+        out = _attention(q, k, v, q_segment_ids, kv_segment_ids, causal, q_positions, kv_positions, impl, scale,
+                         window if window < t else None, in_order, mesh, rules, head_axes)
+        broken = _segments_beyond(q_segment_ids, kv_segment_ids, window)  # [B]
+        return jnp.where(broken[:, None, None, None], jnp.nan, out).astype(out.dtype)
+    return _attention(q, k, v, q_segment_ids, kv_segment_ids, causal, q_positions, kv_positions, impl, scale, None,
+                      in_order, mesh, rules, head_axes)
+
+
+def _attention(q, k, v, q_seg, kv_seg, causal, q_pos, kv_pos, impl, scale, window, in_order, mesh, rules,
+               head_axes):
+    t = q.shape[1]
+    requested, impl = impl, _resolve(impl, mesh)
+    if impl in ("splash", "splash_interpret") and in_order:
         # "splash_interpret" runs the same Pallas kernel in interpret mode (tests on CPU).
-        return _splash(q, k, v, q_segment_ids, kv_segment_ids, causal, scale, interpret=impl == "splash_interpret")
+        return _splash(q, k, v, q_seg, kv_seg, causal, scale, window, interpret=impl == "splash_interpret",
+                       mesh=mesh, rules=rules, head_axes=head_axes)
+    if window is not None and t > 3 * window:
+        # cuDNN included: its dense mask would cost O(T^2) whatever the band; the banded XLA path is exact.
+        return _xla_banded(q, k, v, q_seg, kv_seg, causal, window, scale)
     if impl == "cudnn" and t > 1:
-        mask = _mask(q_segment_ids, kv_segment_ids, causal, q_positions, kv_positions)
-        out = _cudnn(q, k, v, mask, scale, requested=requested)
+        out = _cudnn(q, k, v, _mask(q_seg, kv_seg, causal, q_pos, kv_pos), scale, requested=requested)
         if out is not None:
             return out
     if causal and in_order and t >= 2 * _CAUSAL_CHUNK:
-        return _xla_causal_chunked(q, k, v, q_segment_ids, kv_segment_ids, q_positions, kv_positions, scale)
-    return _xla(q, k, v, q_segment_ids, kv_segment_ids, causal, q_positions, kv_positions, scale)
+        return _xla_causal_chunked(q, k, v, q_seg, kv_seg, q_pos, kv_pos, scale)
+    return _xla(q, k, v, q_seg, kv_seg, causal, q_pos, kv_pos, scale)
+
+
+def _segments_beyond(q_seg, kv_seg, window: int) -> jax.Array:
+    """Returns [B] bool: whether a row has a query and a key of one (non-padding) segment more than `window` apart.
+
+    Segments are contiguous, so one longer than the window shows a pair exactly window + 1 apart.
+    """
+    gap = window + 1
+    if q_seg.shape[1] <= gap:
+        return jnp.zeros((q_seg.shape[0],), bool)
+    ahead = (q_seg[:, :-gap] == kv_seg[:, gap:]) & (q_seg[:, :-gap] != 0)
+    behind = (q_seg[:, gap:] == kv_seg[:, :-gap]) & (q_seg[:, gap:] != 0)
+    return jnp.any(ahead | behind, axis=1)
+
+
+def _xla_banded(q, k, v, q_seg, kv_seg, causal, window: int, scale):
+    """Returns attention computed per query chunk of `window` rows against the 3 * window keys around it.
+
+    Chunk i covers queries [i*W, (i+1)*W) and needs keys [i*W - W, (i+2)*W): one `dynamic_slice` of 3W
+    keys (shifted inward at the ends). Keys of the slice outside the band are masked by segment ids as
+    everywhere else, so the result equals the full path whenever segments are at most `window` long.
+    Work: T * 3W logits instead of T^2.
+    """
+    b, t, h, d = q.shape
+    c, span = window, 3 * window
+    n = -(-t // c)
+    pad = n * c - t
+    if pad:
+        # Padding rows carry segment id 0: invisible as keys, sliced off as queries.
+        q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, k, v))
+        q_seg, kv_seg = (jnp.pad(x, ((0, 0), (0, pad))) for x in (q_seg, kv_seg))
+    pos = jnp.broadcast_to(jnp.arange(n * c, dtype=jnp.int32), (b, n * c))
+    starts = jnp.clip(jnp.arange(n) * c - window, 0, n * c - span)
+
+    def chunk(qs, q_sg, q_ps, start):
+        ks, vs, k_sg, k_ps = (jax.lax.dynamic_slice_in_dim(x, start, span, axis=1) for x in (k, v, kv_seg, pos))
+        return _xla(qs, ks, vs, q_sg, k_sg, causal, q_ps, k_ps, scale)
+
+    out = jax.vmap(chunk, in_axes=(1, 1, 1, 0))(q.reshape(b, n, c, h, d), q_seg.reshape(b, n, c),
+                                                pos.reshape(b, n, c), starts)  # [n, B, C, H, D]
+    return out.transpose(1, 0, 2, 3, 4).reshape(b, n * c, h, d)[:, :t]
 
 
 def _xla_causal_chunked(q, k, v, q_seg, kv_seg, q_pos, kv_pos, scale, max_chunks: int = 4):
@@ -95,10 +175,12 @@ def _cudnn(q, k, v, mask, scale, *, requested: str) -> jax.Array | None:
         return None
 
 
-def _resolve(impl: str) -> str:
+def _resolve(impl: str, mesh=None) -> str:
+    """Returns the path "auto" takes: the platform of the mesh's devices (a program compiled ahead of time for a
+    TPU slice on a CPU host takes splash), else of the default devices."""
     if impl != "auto":
         return impl
-    platform = jax.devices()[0].platform
+    platform = (jax.devices() if mesh is None else mesh.devices.flat)[0].platform
     return {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "xla")
 
 
@@ -127,27 +209,63 @@ def _xla(q, k, v, q_seg, kv_seg, causal, q_pos, kv_pos, scale):
     return out.reshape(b, kvh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
-def _splash(q, k, v, q_seg, kv_seg, causal, scale, interpret: bool = False):
-    # TPU only. Block sizes stay at 128 multiples to respect Mosaic's (8, 128) tiling.
+def _splash(q, k, v, q_seg, kv_seg, causal, scale, window, *, interpret: bool, mesh, rules, head_axes):
+    """Returns splash attention, per device inside `jax.shard_map` when `mesh` has more than one device.
+
+    Splash tiles the sequence in blocks of 128 (Mosaic's lane width), so T is padded up to a multiple
+    of 128 with segment id 0, which no real query sees. Splash's own GQA (k [KVH, S, D]) reads each key
+    head once for its H / KVH query heads.
+    """
+    b, t, h, d = q.shape
+    pad = -t % _SPLASH_BLOCK
+    if pad:
+        q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, k, v))
+        q_seg, kv_seg = (jnp.pad(x, ((0, 0), (0, pad))) for x in (q_seg, kv_seg))
+    q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
+    local = functools.partial(_splash_local, causal=causal, scale=scale, window=window, interpret=interpret)
+    # The kernel's dots take the MXU's own precision: under a global jax_default_matmul_precision='highest'
+    # (set for exact CPU references) Mosaic refuses bf16 operands with an fp32 contract precision.
+    with jax.default_matmul_precision("default"):
+        if mesh is None or mesh.size == 1:
+            out = local(q, k, v, q_seg, kv_seg)
+        else:
+            q_spec, kv_spec = _splash_specs(q.shape, k.shape, mesh, rules, head_axes)
+            seg_spec = PartitionSpec(q_spec[0], None)
+            # check_vma=False: pallas_call does not declare how its outputs vary over the mesh axes.
+            out = jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, seg_spec, seg_spec),
+                                out_specs=q_spec, check_vma=False)(q, k, v, q_seg, kv_seg)
+    # Splash treats equal segment ids as visible, padding included; padded query rows are never read.
+    return out[:, :t]
+
+
+def _splash_specs(q_shape, k_shape, mesh, rules, head_axes) -> tuple[PartitionSpec, PartitionSpec]:
+    """Returns (q spec, k/v spec) for splash's shard_map: batch as the rules say, heads only when both the
+    query and the key/value heads divide over the same mesh axes, sequence and head_dim whole (the kernel
+    sees every key of its rows)."""
+    q_heads, kv_heads = head_axes
+    qs = sharding.logical_to_spec(("batch", None, q_heads, None), rules, mesh, q_shape)
+    ks = sharding.logical_to_spec(("batch", None, kv_heads, None), rules, mesh, k_shape)
+    batch = qs[0] if qs[0] == ks[0] else None
+    heads = qs[2] if qs[2] == ks[2] else None
+    return PartitionSpec(batch, None, heads, None), PartitionSpec(batch, None, heads, None)
+
+
+def _splash_local(q, k, v, q_seg, kv_seg, *, causal, scale, window, interpret):
+    """Returns one device's splash attention [b, T, h, D] for its rows and heads (T a multiple of 128)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
-    b, t, h, d = q.shape
-    kvh = k.shape[2]
-    base = sm.CausalMask((t, t)) if causal else sm.FullMask((t, t))
-    mask = sm.MultiHeadMask([base] * h)
-    kernel = sk.make_splash_mha_single_device(mask=mask, interpret=interpret)
-    # Repeat KV heads for MHA form; splash's GQA entry point varies across JAX versions.
-    rep = h // kvh
-    kk = jnp.repeat(k, rep, axis=2) if rep > 1 else k
-    vv = jnp.repeat(v, rep, axis=2) if rep > 1 else v
+    t, h = q.shape[1], q.shape[2]
+    if window is not None:
+        # A band, causal or not: splash skips every block of keys wholly outside it.
+        base = sm.LocalMask((t, t), window_size=(window, 0 if causal else window), offset=0)
+    else:
+        base = sm.CausalMask((t, t)) if causal else sm.FullMask((t, t))
+    kernel = sk.make_splash_mha(mask=sm.MultiHeadMask([base] * h), head_shards=1, q_seq_shards=1,
+                                interpret=interpret)
 
     def one(qb, kb, vb, qs, ks):
-        seg = sk.SegmentIds(q=qs, kv=ks)
-        return kernel(qb * scale, kb, vb, segment_ids=seg)
+        return kernel(qb * scale, kb, vb, segment_ids=sk.SegmentIds(q=qs, kv=ks))
 
-    out = jax.vmap(one)(q.transpose(0, 2, 1, 3), kk.transpose(0, 2, 1, 3), vv.transpose(0, 2, 1, 3),
-                        q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32))
-    # Splash treats equal segment ids as visible, padding included; padded query rows are never read.
+    out = jax.vmap(one)(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), q_seg, kv_seg)
     return out.transpose(0, 2, 1, 3)
-

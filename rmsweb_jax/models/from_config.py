@@ -47,4 +47,6 @@ def runtime_from_config(model_cfg) -> qwen3_vl.RuntimeOptions:
     every field comes from the config (configs/common.py holds the defaults)."""
     return qwen3_vl.RuntimeOptions(param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
                                    remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
-                                   scan_layers=model_cfg.scan_layers, decode_layout=model_cfg.decode_layout)
+                                   scan_layers=model_cfg.scan_layers, decode_layout=model_cfg.decode_layout,
+                                   decode_sharding=model_cfg.decode_sharding,
+                                   vision_window=model_cfg.vision_window)

@@ -107,3 +107,41 @@ def rules_from_config(rules) -> tuple[tuple[str, Any], ...]:
                 raise ValueError(f"sharding_rules[{i}] = {pair!r}: unknown mesh axis {t!r}; expected {MESH_AXES}")
         out.append((pair[0], target))
     return tuple(out)
+
+
+# ---- the sampler's decode layout ---------------------------------------------------------------------
+# Logical names of the parameters' dimensions that the decode layouts take off their mesh axes. A decode step
+# multiplies a few rows by every weight once, so weights sharded over FSDP would be all-gathered on every
+# generated token; the decode copy keeps each weight whole on its devices instead ("tensor": split only over
+# the heads/MLP/vocabulary axis, one all-reduce of activations per layer; "replicated": every weight whole on
+# every device, rows split over the batch axes and no collective at all).
+DECODE_SHARDINGS = ("auto", "training", "tensor", "replicated")
+_OFF_FSDP = ("embed", "vision_embed")
+_OFF_TENSOR = ("vocab", "mlp", "q_heads", "kv_heads", "vision_mlp", "vision_heads", "merged")
+# "auto" replicates the decode copy when it takes at most this share of a device's memory: the rest holds the
+# training state, the KV cache and the prefill (the planner counts each, plan/memory.py).
+AUTO_REPLICATED_SHARE = 0.25
+
+
+def decode_rules(rules, layout: str) -> tuple[tuple[str, Any], ...]:
+    """Returns the rules table of a decode layout ('training' keeps `rules`; module comment above)."""
+    if layout not in DECODE_SHARDINGS[1:]:
+        raise ValueError(f"decode sharding {layout!r}: expected one of {DECODE_SHARDINGS[1:]}")
+    if layout == "training":
+        return tuple(rules)
+    off = _OFF_FSDP + (_OFF_TENSOR if layout == "replicated" else ())
+    return tuple((name, None if name in off else target) for name, target in rules)
+
+
+def pick_decode_sharding(layout: str, mesh: Mesh | None, copy_bytes: int, device_bytes: int | None) -> str:
+    """Returns the decode layout `layout` resolves to: 'auto' is 'training' without a multi-device mesh,
+    'replicated' when the copy fits AUTO_REPLICATED_SHARE of `device_bytes` (unknown: never), else 'tensor'."""
+    if layout not in DECODE_SHARDINGS:
+        raise ValueError(f"decode sharding {layout!r}: expected one of {DECODE_SHARDINGS}")
+    if layout != "auto":
+        return layout
+    if mesh is None or mesh.size == 1:
+        return "training"
+    if device_bytes and copy_bytes <= AUTO_REPLICATED_SHARE * device_bytes:
+        return "replicated"
+    return "tensor"

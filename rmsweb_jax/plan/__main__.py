@@ -27,6 +27,9 @@ _ARCH = flags.DEFINE_string("architecture", "", "8b | 32b | tiny | demo | path t
                             "model.init's checkpoint or preset, else config.plan.architecture)")
 _MFU = flags.DEFINE_float("mfu", 0.4, "model FLOPs utilization the step time is quoted at")
 _USABLE = flags.DEFINE_float("usable_hbm", 0.9, "share of HBM a plan may use (XLA's reserve, fragmentation)")
+_COMPILE = flags.DEFINE_bool("compile", False, "also compile every program of the plan for the TPU slice ahead of "
+                             "time (libtpu's compiler, no chip: plan/tpu_aot.py) and print the compiler's figures "
+                             "beside the plan's; refuse a program whose compiled peak does not fit")
 flags.mark_flags_as_required(["config"])
 
 
@@ -40,14 +43,21 @@ def _from_plan_block(config, key: str, given: str) -> str:
 
 def main(argv) -> None:
     del argv
-    from rmsweb_jax.plan.planner import plan
+    from rmsweb_jax.plan.planner import architecture, plan
     config = _CONFIG.value
     try:
+        model_config, arch_name = architecture(config, _ARCH.value)
         result = plan(config, chip_name=_from_plan_block(config, "chip", _CHIP.value),
                       topology=_from_plan_block(config, "topology", _TOPOLOGY.value), mfu=_MFU.value,
                       usable_fraction=_USABLE.value, config_name=config_flags.get_config_filename(flags.FLAGS["config"]),
-                      arch=_ARCH.value)
+                      arch=arch_name, model_config=model_config)
         print(result.table(), flush=True)
+        if _COMPILE.value:
+            from rmsweb_jax.plan import compiled
+            print("compiling every program for the slice (about a minute each)...", flush=True)
+            rows = compiled.compile_plan(result, config, model_config)
+            print(compiled.table(rows, result), flush=True)
+            compiled.check_fits(rows, result)
         result.check_fits()
     except UserError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)

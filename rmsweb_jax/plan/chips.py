@@ -14,6 +14,7 @@ class Chip:
     hbm_bytes: int            # per chip (one JAX device: a v5p megacore chip is one device)
     peak_flops: float         # dense bf16 FLOP/s per chip, no sparsity
     cores_per_chip: int       # what a "<gen>-N" slice name counts: TensorCores (v5p: 2 per chip) or chips
+    link_bytes_per_s: float   # chip-to-chip bandwidth per chip (ICI; NVLink on GPUs), for resharding estimates
 
 
 # Vendor figures, read 2026-12 (decimal GB as the vendors print them, so the budget errs low):
@@ -23,13 +24,15 @@ class Chip:
 #   v6e:  cloud.google.com/tpu/docs/v6e  "Peak compute per chip (bf16) 918 TFLOPs, HBM capacity 32 GB"
 #   h100: NVIDIA H100 SXM datasheet: 989 TFLOPS dense BF16 (1,979 with sparsity), 80 GB HBM3
 #   h200: NVIDIA H200 SXM datasheet: 989 TFLOPS dense BF16, 141 GB HBM3e
+#   interconnect per chip: v5e 1,600 Gbps, v5p 4,800 Gbps, v6e 3,584 Gbps ICI (the same pages); H100/H200 NVLink
+#   900 GB/s (the datasheets)
 # The same peaks as rmsweb_jax/train/metrics.py PEAK_TFLOPS (what the trainer's MFU divides by).
 CHIPS = {
-    "v5e": Chip("v5e", 16 * 10 ** 9, 197e12, 1),
-    "v5p": Chip("v5p", 95 * 10 ** 9, 459e12, 2),
-    "v6e": Chip("v6e", 32 * 10 ** 9, 918e12, 1),
-    "h100": Chip("h100", 80 * 10 ** 9, 989e12, 1),
-    "h200": Chip("h200", 141 * 10 ** 9, 989e12, 1),
+    "v5e": Chip("v5e", 16 * 10 ** 9, 197e12, 1, 1600e9 / 8),
+    "v5p": Chip("v5p", 95 * 10 ** 9, 459e12, 2, 4800e9 / 8),
+    "v6e": Chip("v6e", 32 * 10 ** 9, 918e12, 1, 3584e9 / 8),
+    "h100": Chip("h100", 80 * 10 ** 9, 989e12, 1, 900e9),
+    "h200": Chip("h200", 141 * 10 ** 9, 989e12, 1, 900e9),
 }
 _SLICE_PREFIXES = {"v5e": ("v5e", "v5litepod"), "v5p": ("v5p",), "v6e": ("v6e",), "h100": ("h100",),
                    "h200": ("h200",)}

@@ -79,7 +79,8 @@ def _shard_bytes(x, s) -> int:
 
 
 def state_bytes(model_config, config, mesh: AbstractMesh) -> dict[str, int]:
-    """Returns per-device bytes {'params', 'text_params', 'optimizer'} of the train state on `mesh`."""
+    """Returns per-device bytes {'params', 'text_params', 'head', 'optimizer'} of the train state on `mesh`
+    ('head': the untied LM head's, 0 when tied)."""
     runtime, rules = runtime_from_config(config.model), rules_from_config(config)
     parts = ModelParts.split(qwen3_vl.abstract_model(model_config, runtime))
     p_sh = param_shardings(qwen3_vl.abstract_model(model_config, runtime), mesh, rules)
@@ -88,8 +89,10 @@ def state_bytes(model_config, config, mesh: AbstractMesh) -> dict[str, int]:
     opt = jax.eval_shape(tx.init, parts.params)
     params = sum(jax.tree.leaves(jax.tree.map(_shard_bytes, parts.params, p_sh)))
     text = sum(jax.tree.leaves(jax.tree.map(_shard_bytes, parts.params["text"], p_sh["text"])))
+    head = 0 if "lm_head" not in parts.params["text"] else _shard_bytes(parts.params["text"]["lm_head"],
+                                                                        p_sh["text"]["lm_head"])
     optimizer = sum(jax.tree.leaves(jax.tree.map(_shard_bytes, opt, shardings.opt_state)))
-    return {"params": params, "text_params": text, "optimizer": optimizer}
+    return {"params": params, "text_params": text, "head": head, "optimizer": optimizer}
 
 
 def _local(size: int, logical: str, mesh: AbstractMesh, rules) -> int:
@@ -189,6 +192,53 @@ def activation_bytes(model_config, runtime, rows: int, seq_len: int, patches: in
     if patches and depth > max(model_config.vision.deepstack_visual_indexes, default=-1) + 1:
         vision_block = recomputed(_with_depths(model_config, n, depth - 1), traced) * patches // traced
     return text + vision + max(text_layer, vision_block)
+
+
+def forward_bytes(model_config, runtime, rows: int, seq_len: int, patches: int) -> int:
+    """Returns the temporaries of a forward pass without gradients (a prefill, mining's reference log-probs) for
+    `rows` x `seq_len` tokens and `patches` patches: the larger of one text layer's and one vision block's
+    intermediates, found as the residuals a layer adds when nothing is rematerialised (a forward keeps only the
+    layer it is in), plus the hidden states entering and leaving that layer."""
+    plain = dataclasses.replace(runtime, remat_policy="none")
+    n, depth = model_config.text.num_hidden_layers, model_config.vision.depth
+    traced = min(patches, VISION_TRACE_PATCHES)
+
+    def layer(fewer, p):
+        return (residual_bytes(model_config, plain, rows, seq_len, p)
+                - residual_bytes(fewer, plain, rows, seq_len, p))
+
+    text = layer(_with_depths(model_config, n - 1, depth), 0)
+    hidden = 2 * rows * seq_len * model_config.text.hidden_size * dtype_bytes(runtime.compute_dtype)
+    vision = 0
+    if patches and depth > max(model_config.vision.deepstack_visual_indexes, default=-1) + 1:
+        vision = layer(_with_depths(model_config, n, depth - 1), traced) * patches // max(traced, 1)
+        vision += 2 * patches * model_config.vision.hidden_size * dtype_bytes(runtime.compute_dtype)
+    return max(text + hidden, vision)
+
+
+def loss_head_bytes(model_config, runtime, mesh: AbstractMesh, rules, *, backward: bool) -> int:
+    """Returns the loss path's LM-head buffers on a mesh (kernels/token_logprobs_sharded.py): W gathered over its
+    embed axes, [D, V / vocab shards], in the compute dtype, and with `backward` the dW buffer of the same shape."""
+    if mesh.size == 1:
+        return 0
+    t = model_config.text
+    one = t.hidden_size * _local(t.vocab_size, "vocab", mesh, rules) * dtype_bytes(runtime.compute_dtype)
+    return one * (2 if backward else 1)
+
+
+def decode_copy_bytes(model_config, runtime, mesh: AbstractMesh, rules, layout: str) -> int:
+    """Returns one device's bytes of the sampler's decode copy of the text weights (sampling/sampler.py) in
+    `layout` ('training': none), in the compute dtype."""
+    if layout == "training":
+        return 0
+    decode = sharding.decode_rules(rules, layout)
+    text = nnx.state(qwen3_vl.abstract_model(model_config, runtime).text, nnx.Param)
+    item = dtype_bytes(runtime.compute_dtype)
+    total = 0
+    for var in jax.tree.leaves(text, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+        spec = sharding.logical_to_spec(var.get_metadata().get("axes"), decode, mesh, var.shape)
+        total += int(np.prod(jax.sharding.NamedSharding(mesh, spec).shard_shape(var.shape))) * item
+    return total
 
 
 def prompt_bucket(prompt_len: int) -> int:

@@ -6,14 +6,15 @@ for how each figure is found. `check_fits` refuses, with the figures, a plan ove
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 
 import numpy as np
 
 from rmsweb_jax.errors import UserError
-from rmsweb_jax.models import qwen3_vl
+from rmsweb_jax.models import qwen3_vl, sharding
 from rmsweb_jax.models.from_config import rules_from_config
-from rmsweb_jax.plan import chips, memory
+from rmsweb_jax.plan import chips, memory, programs
 from rmsweb_jax.sampling.model_from_config import RANDOM_PRESETS
 from rmsweb_jax.stages.salvage import train_config as salvage_train_config
 from rmsweb_jax.train.batch import check_batch_layout
@@ -24,20 +25,49 @@ GiB = 1024 ** 3
 
 @dataclasses.dataclass(frozen=True)
 class StagePlan:
+    """One stage's per-device bytes, by program: its train step, its sampler calls, its forward-only passes."""
     stage: str
     params: int                 # per-device bytes, in config.model.param_dtype
     optimizer: int              # AdamW moments (+ counts), like their parameters
     gradients: int              # per-device gradient bytes inside the step (0: no training)
     activations: int            # saved residuals of one microbatch + the recomputed layer
-    kv_cache: int               # the sampler's cache of one generate call (0: no sampling)
-    extra: int                  # a frozen KL reference, a per-layer decode copy of the text weights
+    kv_cache: int               # the sampler's caches of one generate call: the prefill's and the decode rows' (0: none)
+    extra: int                  # a frozen KL reference (resident through the stage)
     flops: float                # model FLOPs of one step (training stages), all devices
     step_s: float               # per-device FLOPs (text / devices + the replicated vision tower) / (peak x mfu)
     notes: tuple[str, ...] = ()
+    loss_head: int = 0          # the train step's LM-head buffers on a mesh (gathered W, dW)
+    decode_copy: int = 0        # the sampler's text weights in its decode layout (or the CPU per-layer copy)
+    prefill: int = 0            # temporaries of the sampler's prefill (one layer's or vision block's at a time)
+    forward: int = 0            # temporaries of a forward-only pass (mining's reference log-probs)
+    unread: int = 0             # parameter bytes the sampler's program never reads (the head: the copy's is used)
+    device_flops: float = 0.0   # the train step's FLOPs on one device
+
+    @property
+    def train_peak(self) -> int:
+        """Returns the train step's peak: the state, gradients, saved activations and the loss's head buffers."""
+        if not self.gradients:
+            return 0
+        return self.params + self.optimizer + self.gradients + self.activations + self.loss_head
+
+    @property
+    def sampling_peak(self) -> int:
+        """Returns a sampler call's peak: the parameters, the decode copy, the KV caches and the prefill."""
+        if not self.kv_cache:
+            return 0
+        return self.params - self.unread + self.decode_copy + self.kv_cache + self.prefill
+
+    @property
+    def forward_peak(self) -> int:
+        """Returns a forward-only pass's peak: the parameters and its temporaries."""
+        return self.params + self.forward if self.forward else 0
 
     @property
     def total(self) -> int:
-        return self.params + self.optimizer + self.extra + max(self.gradients + self.activations, self.kv_cache)
+        """Returns the stage's peak: its largest program, with what stays resident beside it (optimizer state
+        while sampling between updates, a frozen KL reference)."""
+        resident = self.optimizer if self.gradients else 0
+        return self.extra + max(self.train_peak, self.sampling_peak + resident, self.forward_peak + resident)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +98,12 @@ class Plan:
                 f"{self.chip.peak_flops / 1e12:.0f} TFLOP/s bf16 each), mesh {self.mesh}\n"
                 f"model {self.architecture}: {self.parameters / 1e9:.3g} B parameters; budget "
                 f"{self.budget / GiB:.1f} GiB per device ({self.usable_fraction:.0%} of HBM)\n")
-        rows = [("GiB/device", "params", "optimizer", "grads", "activations", "kv cache", "other", "peak", "fits",
-                 "TFLOP/step", f"step s @{self.mfu:.0%} MFU")]
+        rows = [("GiB/device", "params", "optimizer", "grads", "activations", "kv cache", "prefill", "decode copy",
+                 "other", "peak", "fits", "TFLOP/step", f"step s @{self.mfu:.0%} MFU")]
         for s in self.stages:
-            rows.append((s.stage, *(f"{b / GiB:.3g}" for b in (s.params, s.optimizer, s.gradients, s.activations,
-                                                              s.kv_cache, s.extra, s.total)),
+            rows.append((s.stage, *(f"{b / GiB:.3g}" for b in (s.params, s.optimizer, s.gradients,
+                                                              s.activations + s.loss_head, s.kv_cache, s.prefill,
+                                                              s.decode_copy, s.extra + s.forward, s.total)),
                          "yes" if s.total <= self.budget else "NO",
                          f"{s.flops / 1e12:.1f}" if s.flops else "-", f"{s.step_s:.2f}" if s.flops else "-"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -86,7 +117,8 @@ class Plan:
         if w.total <= self.budget:
             return
         parts = ", ".join(f"{k} {getattr(w, k) / GiB:.2f}" for k in ("params", "optimizer", "gradients",
-                                                                       "activations", "kv_cache", "extra"))
+                                                                       "activations", "loss_head", "kv_cache",
+                                                                       "prefill", "decode_copy", "forward", "extra"))
         raise UserError(f"{self.config_name}: stage {w.stage} needs {w.total / GiB:.2f} GiB per device ({parts} GiB) "
                         f"but a {self.chip.name} gives {self.budget / GiB:.2f} GiB ({self.usable_fraction:.0%} of "
                         f"{self.chip.hbm_bytes / GiB:.1f}); shard wider (config.mesh.shape), raise "
@@ -119,7 +151,7 @@ def architecture(config, override: str = "") -> tuple[qwen3_vl.Qwen3VLConfig, st
 
 
 def plan(config, *, chip_name: str, topology: str, mfu: float, usable_fraction: float, config_name: str = "config",
-         arch: str = "") -> Plan:
+         arch: str = "", model_config: qwen3_vl.Qwen3VLConfig | None = None) -> Plan:
     """Returns the Plan of `config`'s stages on `topology` chips of `chip_name`, from abstract shapes only."""
     chip = chips.chip(chip_name)
     if not 0 < mfu <= 1 or not 0 < usable_fraction <= 1:
@@ -127,7 +159,10 @@ def plan(config, *, chip_name: str, topology: str, mfu: float, usable_fraction: 
     devices = chips.device_count(chip, topology)
     axes = memory.mesh_shape(config.mesh.shape, devices)
     mesh, rules = memory.abstract_mesh(axes), rules_from_config(config)
-    model_config, arch_name = architecture(config, arch)
+    if model_config is None:
+        model_config, arch_name = architecture(config, arch)
+    else:
+        arch_name = arch or "given"
     state = memory.state_bytes(model_config, config, mesh)
     n_params = qwen3_vl.parameter_count(model_config)
     stages = [s for s in dict.fromkeys(str(x) for part in config.stages for x in str(part).split(","))
@@ -139,21 +174,17 @@ def plan(config, *, chip_name: str, topology: str, mfu: float, usable_fraction: 
     return Plan(config_name, chip, devices, axes, arch_name, n_params, mfu, usable_fraction, tuple(out))
 
 
-def _seq_len(stage: str, config) -> tuple[int, int]:
-    """Returns (row length, image patches per row) of the stage's training rows: the largest bucket's."""
-    if stage == "train_smoke":
-        return int(config.train_smoke.seq_len), 0
-    buckets, patches = list(config.data.buckets), list(config.data.bucket_patches)
-    i = int(np.argmax(buckets))
-    return int(buckets[i]), int(patches[i])
-
-
 def _stage(stage, config, model_config, state, mesh, rules, chip, devices, mfu) -> StagePlan:
     train = stage in memory.TRAIN_STAGES
-    seq_len, row_patches = _seq_len(stage, config)
+    shapes = programs.train_shapes(config, "sft" if stage in memory.SAMPLING_STAGES and not train else stage)
+    seq_len, row_patches = shapes.seq_len, shapes.row_patches
     runtime = memory.runtime_for(config, chip.name, seq_len)
+    local = memory.local_model_config(model_config, mesh, rules)
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    merge = model_config.vision.spatial_merge_size ** 2
     notes = []
-    grads = acts = kv = extra = 0
+    sizes = dict(gradients=0, activations=0, kv_cache=0, extra=0, loss_head=0, decode_copy=0, prefill=0, forward=0,
+                 unread=0)
     flops = device_flops = 0.0
     if train:
         # Salvage-DS trains with config.salvage.train over config.train (its own batch size, e.g.)
@@ -163,12 +194,12 @@ def _stage(stage, config, model_config, state, mesh, rules, chip, devices, mfu) 
             rows = check_batch_layout(batch, micro, mesh)
         except ValueError as err:
             raise UserError(str(err)) from err
-        local_rows = rows // (mesh.shape["data"] * mesh.shape["fsdp"])
-        merge = model_config.vision.spatial_merge_size ** 2
+        local_rows = rows // dp
         patches = -(-rows * row_patches // merge) * merge
-        local = memory.local_model_config(model_config, mesh, rules)
-        acts = memory.activation_bytes(local, runtime, local_rows, seq_len, patches)
-        grads = state["params"] * (2 if micro > 1 else 1)  # M > 1: the scan's accumulator beside each microbatch's
+        sizes["activations"] = memory.activation_bytes(local, runtime, local_rows, seq_len, patches)
+        # M > 1: the scan's accumulator beside each microbatch's
+        sizes["gradients"] = state["params"] * (2 if micro > 1 else 1)
+        sizes["loss_head"] = memory.loss_head_bytes(model_config, runtime, mesh, rules, backward=True)
         images = batch * (1 + int(config.prompt.history_images)) if row_patches else 0
         text = train_flops(model_config, tokens=batch * seq_len, seq_len=seq_len)
         flops = train_flops(model_config, tokens=batch * seq_len, seq_len=seq_len, patches=batch * row_patches,
@@ -184,20 +215,58 @@ def _stage(stage, config, model_config, state, mesh, rules, chip, devices, mfu) 
                      + (f", {patches} image patches replicated on every device" if patches else "")
                      + f"; remat {runtime.remat_policy}, attention traced as {runtime.attention_impl}")
     if stage in memory.SAMPLING_STAGES:
-        block = config.salvage if stage == "salvage" else config.mine
-        rows = int(block.sample_batch if stage == "salvage" else block.max_batch)
-        max_new = int(block.max_new_tokens)
-        prompt = max(max(int(b) for b in config.data.buckets) - max_new, 1)
-        kv = memory.kv_cache_bytes(model_config, runtime, mesh, rules, rows, prompt, max_new)
-        notes.append(f"sampling: KV cache of {rows} rows x (prompt bucket {memory.prompt_bucket(prompt)} + {max_new} "
-                     f"new) tokens (prompts <= {prompt} tokens: the longest row less the response)")
-        if runtime.decode_layout == "per_layer":
-            extra += state["text_params"] * memory.dtype_bytes(runtime.compute_dtype) // memory.dtype_bytes(
-                runtime.param_dtype)
-            notes.append("decode_layout per_layer: a second copy of the text weights in the compute dtype")
+        _sampling(stage, config, model_config, local, state, mesh, rules, chip, runtime, sizes, notes)
+    if stage == "mine" and config.mine.reference_logprob:
+        rows = -(-int(config.mine.batch_states) // dp) * dp
+        sizes["forward"] = (memory.forward_bytes(local, runtime, rows // dp, seq_len,
+                                                 -(-rows * row_patches // merge) * merge)
+                            + memory.loss_head_bytes(model_config, runtime, mesh, rules, backward=False))
     if stage == "salvage" and config.salvage.loss.kl_beta > 0:
-        extra += state["params"]
+        sizes["extra"] += state["params"]
         notes.append("kl_beta > 0: the frozen SFT parameters")
     optimizer = state["optimizer"] if train else 0
     step_s = device_flops / (chip.peak_flops * mfu)
-    return StagePlan(stage, state["params"], optimizer, grads, acts, kv, extra, flops, step_s, tuple(notes))
+    return StagePlan(stage, state["params"], optimizer, sizes["gradients"], sizes["activations"], sizes["kv_cache"],
+                     sizes["extra"], flops, step_s, tuple(notes), loss_head=sizes["loss_head"],
+                     decode_copy=sizes["decode_copy"], prefill=sizes["prefill"], forward=sizes["forward"],
+                     unread=sizes["unread"], device_flops=device_flops)
+
+
+def _sampling(stage, config, model_config, local, state, mesh, rules, chip, runtime, sizes, notes) -> None:
+    """Fills `sizes` with one sampler call's figures (sampling/sampler.py `_generate`): the prefill of the prompts
+    padded to the batch shards, its KV cache and the decode rows' (both alive while the rows are repeated G times),
+    the decode copy of the text weights in the layout the sampler picks for this chip."""
+    shapes = programs.sampling_shapes(config, stage)
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    real = max(shapes.rows // shapes.group_size, 1)
+    prefill_rows = real + -real % dp
+    decode_rows = real * shapes.group_size
+    bucket = memory.prompt_bucket(shapes.prompt_len)
+    row_patches = programs.train_shapes(config, "sft").row_patches
+    merge = model_config.vision.spatial_merge_size ** 2
+    patches = -(-real * row_patches // merge) * merge  # the padding rows carry no image
+    text_copy = state["text_params"] * memory.dtype_bytes(runtime.compute_dtype) // memory.dtype_bytes(
+        runtime.param_dtype)
+    if runtime.decode_layout == "per_layer":
+        layout = "training"
+        sizes["decode_copy"] = text_copy
+        notes.append("decode_layout per_layer: a second copy of the text weights in the compute dtype")
+    else:
+        layout = sharding.pick_decode_sharding(runtime.decode_sharding, mesh,
+                                               text_copy * math.prod(mesh.shape.values()), chip.hbm_bytes)
+        sizes["decode_copy"] = memory.decode_copy_bytes(model_config, runtime, mesh, rules, layout)
+        # From the first sampled token on, the head is the copy's: the training layout's shard goes unread (pruned).
+        sizes["unread"] = state["head"] if layout != "training" else 0
+    decode_rules = sharding.decode_rules(rules, layout)
+    sizes["kv_cache"] = (memory.kv_cache_bytes(model_config, runtime, mesh, rules, prefill_rows, shapes.prompt_len,
+                                               shapes.max_new_tokens)
+                         + memory.kv_cache_bytes(model_config, runtime, mesh, decode_rules, decode_rows,
+                                                 shapes.prompt_len, shapes.max_new_tokens))
+    sizes["prefill"] = memory.forward_bytes(local, runtime, prefill_rows // dp, bucket, patches)
+    notes.append(f"sampling: {real} prompt(s) prefilled as {prefill_rows} rows of {bucket} tokens, {decode_rows} rows "
+                 f"x {shapes.max_new_tokens} new tokens decoded")
+    if sizes["decode_copy"] and layout != "training":
+        notes.append(f"sampling: decode copy of the text weights laid out '{layout}', {sizes['decode_copy'] / GiB:.2f} "
+                     f"GiB a device, remade after every weight update: ~{sizes['decode_copy'] / chip.link_bytes_per_s:.2f}"
+                     f" s at {chip.link_bytes_per_s / 1e9:.0f} GB/s chip-to-chip (an estimate; the salvage stage logs "
+                     "the measured decode_resync_s)")

@@ -226,6 +226,11 @@ class ChatModel:
                 token_ids=ids, logprobs=tuple(float(x) for x in out.logprobs[row, :n])))
         return completions
 
+    @property
+    def resync_seconds(self) -> float | None:
+        """Returns the seconds the sampler last took to lay new weights out for decoding (None: it keeps none)."""
+        return self._sampler.resync_seconds
+
     def refresh(self) -> None:
         """Re-reads the model's parameters (after a training update changed them in place)."""
         with self._lock:
@@ -315,7 +320,7 @@ def loading_config(spec: str, config: ml_collections.ConfigDict | None) -> ml_co
         cfg.seed = 0
         cfg.model = ml_collections.ConfigDict(dict(param_dtype="float32", compute_dtype="float32",
                                                    remat_policy="none", attention_impl="auto", scan_layers=True,
-                                                   decode_layout="auto"))
+                                                   decode_layout="auto", decode_sharding="auto", vision_window=0))
         cfg.mesh = ml_collections.ConfigDict(dict(shape=(1, 1, 1)))
         cfg.sharding_rules = None  # one device: the rules place nothing (None = models.sharding.DEFAULT_RULES)
     cfg.model.init = spec

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import NamedTuple, Sequence
 
 import jax
@@ -17,11 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl import decode
-from rmsweb_jax.models.qwen3_vl.model import ModelInputs, Qwen3VL, prepare_inputs
+from rmsweb_jax.models.qwen3_vl.model import ModelInputs, Qwen3VL, abstract_model, prepare_inputs, state_shardings
 from rmsweb_jax.models.qwen3_vl.text import KVCache
 from rmsweb_jax.models.qwen3_vl.layers import DTYPES
 
+DECODE_LOOP_SCOPE = "decode_loop"
 DEFAULT_LENGTH_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -56,13 +59,24 @@ class Sampler:
     """Generates continuations for batches of (optionally multimodal) prompts with one model."""
 
     def __init__(self, model: Qwen3VL, *, pad_id: int = 0, length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
-                 patch_bucket: int = 1024):
+                 patch_bucket: int = 1024, device_bytes: int | None = None, abstract: bool = False):
+        """`device_bytes`: one device's memory, for the "auto" decode sharding (default: what the device
+        reports, where it does). `abstract`: the model holds ShapeDtypeStructs (only `abstract_program` works)."""
         self.model, self.pad_id = model, pad_id
         self.length_buckets = tuple(sorted(length_buckets))
         self.patch_bucket = patch_bucket
         self._per_layer = decode.use_per_layer(model)
         self._step_weights, self._step_source = None, ()
-        self.refresh()
+        mesh = model.mesh
+        if device_bytes is None and not abstract:
+            device_bytes = _device_bytes(mesh)
+        self.decode_sharding = sharding.pick_decode_sharding(
+            model.runtime.decode_sharding, mesh, decode.copy_bytes(model.text), device_bytes)
+        self._decode = None if self.decode_sharding == "training" else _DecodeCopy(model, self.decode_sharding)
+        self._decode_text, self._decode_source = None, ()
+        self.resync_seconds: float | None = None  # the last remake of the decode copy (per set of weights)
+        if not abstract:
+            self.refresh()
 
     def refresh(self) -> None:
         """Re-reads the model's parameters (call after a training update)."""
@@ -77,10 +91,23 @@ class Sampler:
         if not self._per_layer:
             return None
         source = jax.tree.leaves(nnx.state(self.model.text, nnx.Param))
-        if len(source) != len(self._step_source) or any(a is not b for a, b in zip(source, self._step_source)):
+        if _changed(source, self._step_source):
             self._step_weights = _step_weights(self._graphdef, self._state)
             self._step_source = source
         return self._step_weights
+
+    def _decode_text_state(self):
+        """Returns the text weights in the decode layout (None: decode reads the training layout), remade,
+        and timed in `resync_seconds`, whenever a text parameter array changed (as `_decode_weights`)."""
+        if self._decode is None:
+            return None
+        source = jax.tree.leaves(nnx.state(self.model.text, nnx.Param))
+        if _changed(source, self._decode_source):
+            start = time.perf_counter()
+            self._decode_text = jax.block_until_ready(self._decode.copy(nnx.state(self.model.text, nnx.Param)))
+            self.resync_seconds = time.perf_counter() - start
+            self._decode_source = source
+        return self._decode_text
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams(), *,
                  pixel_values: np.ndarray | None = None, image_grid_thw: np.ndarray | None = None,
@@ -123,6 +150,11 @@ class Sampler:
             raise ValueError("generate needs at least one prompt and no empty prompt"
                              + (f" (prompts {empty} are empty)" if empty else " (got no prompts)"))
         length = self._bucket(max(len(p) for p in prompts))
+        # Prefill rows split over the mesh's batch axes: pad the prompt list to a multiple of them with
+        # one-token rows (no images), dropped right after the prefill. Replicated rows would make every
+        # device prefill every prompt (8 prompts x 8k tokens on fsdp = 16: 40 GiB of temporaries each).
+        real = len(prompts)
+        prompts = list(prompts) + [[self.pad_id]] * (-real % self.batch_shards)
         ids = np.full((len(prompts), length), self.pad_id, np.int32)
         mask = np.zeros_like(ids)
         for i, p in enumerate(prompts):
@@ -135,12 +167,35 @@ class Sampler:
             pad_to = max(self.patch_bucket, -(-n // self.patch_bucket) * self.patch_bucket)
             pad_to = -(-pad_to // merge) * merge
         inputs = prepare_inputs(self.model.config, ids, attention_mask=mask, pixel_values=pixel_values,
-                                image_grid_thw=image_grid_thw, pad_patches_to=pad_to)
+                                image_grid_thw=image_grid_thw, pad_patches_to=pad_to,
+                                vision_window=self.model.runtime.vision_window)
+        return self._args(inputs, int(group_size), params, seed, real, self._graphdef, self._state,
+                          self._decode_weights(), self._decode_text_state())
+
+    def _args(self, inputs: ModelInputs, group_size: int, params: SamplingParams, seed: int, real: int, graphdef,
+              state, step_weights, decode_text) -> tuple:
         stop = np.asarray(params.stop_token_ids or (-1,), np.int32)
         knobs = (np.float32(params.temperature), np.float32(params.top_p), np.int32(params.top_k))
         mode = (params.temperature == 0, params.top_k > 0, params.top_p < 1)
-        return (self._graphdef, self._state, self._decode_weights(), inputs, params.max_new_tokens, self.pad_id, stop,
-                knobs, jax.random.key(seed), mode, int(group_size))
+        decode_graphdef = None if self._decode is None else self._decode.graphdef
+        return (graphdef, state, step_weights, decode_graphdef, decode_text, inputs, params.max_new_tokens,
+                self.pad_id, stop, knobs, jax.random.key(seed), mode, group_size, real)
+
+    @property
+    def batch_shards(self) -> int:
+        """Returns how many ways the model's mesh splits rows (its 'batch' axes; 1 without a mesh)."""
+        return _batch_shards(self.model)
+
+    def abstract_program(self, inputs: ModelInputs, group_size: int, params: SamplingParams = SamplingParams(),
+                         real: int | None = None):
+        """Returns (the jitted generate program, its abstract arguments) for abstract `inputs` (ShapeDtypeStructs;
+        rows a multiple of batch_shards, the first `real` of them prompts, default all) on an abstract model:
+        what `plan --compile` compiles."""
+        abstract = _abstract_state(nnx.state(self.model), self.model.mesh, self.model.rules)
+        decode_text = None if self._decode is None else self._decode.abstract()
+        real = int(inputs.input_ids.shape[0]) if real is None else int(real)
+        return _generate, self._args(inputs, int(group_size), params, 0, real, nnx.graphdef(self.model), abstract,
+                                     None, decode_text)
 
     def _bucket(self, n: int) -> int:
         for b in self.length_buckets:
@@ -199,17 +254,22 @@ def _step_weights(graphdef, state) -> decode.StepWeights:
     return decode.step_weights(nnx.merge(graphdef, state).text)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5, 9, 10))
-def _generate(graphdef, state, step_weights: decode.StepWeights | None, inputs: ModelInputs, max_new: int,
-              pad_id: int, stop_ids, knobs, rng, mode, group: int):
-    """Prefill, then decode steps: through the model's stacked layers, or over `step_weights` when given.
+@functools.partial(jax.jit, static_argnums=(0, 3, 6, 7, 11, 12, 13))
+def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_graphdef, decode_text,
+              inputs: ModelInputs, max_new: int, pad_id: int, stop_ids, knobs, rng, mode, group: int, real: int):
+    """Prefill, then decode steps: through the model's stacked layers, over `step_weights` when given, or over
+    `decode_text` (the text weights in the decode layout, with `decode_graphdef`'s rules) when given.
 
+    The prefill's rows are split over the mesh's batch axes; rows past `real` are padding, dropped after it.
     With group > 1 every prompt row's cache, last hidden state and positions are repeated `group` times
     (prompt-major) right after the prefill, so the head, the first draw and every decode step run on
     exactly the arrays `generate` would build for the repeated prompts.
     """
     model = nnx.merge(graphdef, state)
+    mesh, rules = model.mesh, model.rules
     temperature, top_p, top_k = knobs
+    inputs = inputs._replace(**{name: _rows(getattr(inputs, name), axis, mesh, rules) for name, axis in
+                                (("input_ids", 0), ("segment_ids", 0), ("position_ids", 1), ("rope_deltas", 0))})
     hidden, cache = model.hidden_states(
         inputs, KVCache.zeros(model.config.text, inputs.input_ids.shape[0], inputs.input_ids.shape[1] + max_new,
                               DTYPES[model.runtime.compute_dtype]))
@@ -217,11 +277,19 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, inputs: 
     # Next MRoPE position for every axis: one past the prompt's largest position (HF: cumsum + rope delta).
     next_pos = jnp.max(inputs.position_ids, axis=(0, 2)) + 1
     rope_deltas = inputs.rope_deltas
+    if real < last_hidden.shape[0]:  # the prefill's padding rows
+        last_hidden, next_pos, rope_deltas = last_hidden[:real], next_pos[:real], rope_deltas[:real]
+        cache = KVCache(cache.k[:, :real], cache.v[:, :real], cache.segment_ids[:real], cache.index)
     if group > 1:
         last_hidden, next_pos, rope_deltas = (jnp.repeat(x, group, axis=0)
                                               for x in (last_hidden, next_pos, rope_deltas))
         cache = KVCache(jnp.repeat(cache.k, group, axis=1), jnp.repeat(cache.v, group, axis=1),
                         jnp.repeat(cache.segment_ids, group, axis=0), cache.index)
+    if decode_text is not None:
+        _, _, rest = nnx.split(model, nnx.PathContains("text"), ...)
+        model = nnx.merge(decode_graphdef, nnx.State({"text": decode_text}), rest)  # the copy at the text's path
+        rules = model.rules
+    cache = _place_cache(cache, mesh, rules)
     b = last_hidden.shape[0]
     rng, sub = jax.random.split(rng)
     first, first_lp = sample_token(model.logits(last_hidden)[:, 0], sub, temperature, top_p, top_k, mode=mode)
@@ -238,7 +306,7 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, inputs: 
             return decode.step_logits(step_weights, hidden), cache
         step_inputs = ModelInputs(last[:, None], jnp.ones((b, 1), jnp.int32), pos, None, rope_deltas)
         hidden, cache = model.hidden_states(step_inputs, cache)
-        return model.logits(hidden)[:, 0], cache
+        return model.logits(hidden)[:, 0], _place_cache(cache, mesh, rules)
 
     def cond(carry):
         step, _, _, done, _, _, _, _ = carry
@@ -259,5 +327,75 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, inputs: 
         return step + 1, tokens, logprobs, done, lengths, cache, tok, rng
 
     carry = (jnp.int32(1), tokens, logprobs, done, lengths, cache, first, rng)
-    _, tokens, logprobs, done, lengths, _, _, _ = jax.lax.while_loop(cond, body, carry)
+    with jax.named_scope(DECODE_LOOP_SCOPE):  # names the loop in the HLO (plan/tpu_aot.py finds its body)
+        _, tokens, logprobs, done, lengths, _, _, _ = jax.lax.while_loop(cond, body, carry)
     return tokens, logprobs, lengths, done
+
+
+def _rows(x: jax.Array, row_axis: int, mesh, rules) -> jax.Array:
+    """Returns `x` constrained to have its rows (axis `row_axis`) split over the mesh's batch axes."""
+    axes = [None] * x.ndim
+    axes[row_axis] = "batch"
+    return sharding.constrain(x, tuple(axes), mesh, rules)
+
+
+def _place_cache(cache, mesh, rules):
+    """Returns the stacked KV cache constrained to its layout under `rules`: rows over the batch axes, KV heads
+    over theirs (a no-op for the per-layer CPU cache and without a mesh)."""
+    if not isinstance(cache, KVCache) or mesh is None or mesh.size == 1:
+        return cache
+    kv = ("layers", "batch", "kv_seq", "kv_heads", "head_dim")
+    return KVCache(sharding.constrain(cache.k, kv, mesh, rules), sharding.constrain(cache.v, kv, mesh, rules),
+                   sharding.constrain(cache.segment_ids, ("batch", "kv_seq"), mesh, rules), cache.index)
+
+
+def _batch_shards(model: Qwen3VL) -> int:
+    """Returns how many ways the model's mesh splits rows (its 'batch' axes; 1 without a mesh)."""
+    if model.mesh is None:
+        return 1
+    spec = sharding.logical_to_spec(("batch",), model.rules, model.mesh)
+    axes = () if spec[0] is None else (spec[0],) if isinstance(spec[0], str) else spec[0]
+    return int(np.prod([model.mesh.shape[a] for a in axes]))
+
+
+def _device_bytes(mesh) -> int | None:
+    """Returns the memory one device of `mesh` reports (None: it reports none, e.g. a CPU)."""
+    if mesh is None:
+        return None
+    stats = mesh.devices.flat[0].memory_stats() or {}
+    return stats.get("bytes_limit")
+
+
+def _changed(source: list, made_from) -> bool:
+    """Returns whether any array of `source` is not the one a copy was made from."""
+    return len(source) != len(made_from) or any(a is not b for a, b in zip(source, made_from))
+
+
+def _abstract_state(state, mesh, rules):
+    """Returns ShapeDtypeStructs of an nnx state with the shardings its logical axes give on `mesh`."""
+    shardings = state_shardings(state, mesh, rules)
+    return jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), state, shardings,
+                        is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+class _DecodeCopy:
+    """The text weights in a decode layout (models/sharding.py decode_rules), in the compute dtype: the
+    graph of a model whose constraints use the decode rules, and the jitted copy that reshards into it."""
+
+    def __init__(self, model: Qwen3VL, layout: str):
+        self.rules = sharding.decode_rules(model.rules, layout)
+        decode_model = abstract_model(model.config, model.runtime, mesh=model.mesh, rules=self.rules)
+        self.graphdef = nnx.graphdef(decode_model)
+        self.dtype = DTYPES[model.runtime.compute_dtype]
+        self.mesh = model.mesh
+        self.shardings = state_shardings(nnx.state(decode_model.text, nnx.Param), model.mesh, self.rules)
+        self._template = nnx.state(decode_model.text, nnx.Param)
+        self.copy = jax.jit(self._cast, out_shardings=self.shardings)
+
+    def _cast(self, text_state):
+        return jax.tree.map(lambda x: x.astype(self.dtype), text_state)
+
+    def abstract(self):
+        """Returns the copy's ShapeDtypeStructs with their shardings (no allocation)."""
+        return jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, self.dtype, sharding=s), self._template,
+                            self.shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))

@@ -194,6 +194,8 @@ def run(config, workdir: pathlib.Path) -> dict:
             if ref_params is not None:
                 batch[REF_LOGPROBS] = trainer.token_logprobs(batch, params=ref_params)
             metrics = {**draw.metrics(), **{f"rows_{k}": v for k, v in info.metrics().items() if k != "length"}}
+            if chat.resync_seconds is not None:  # the decode copy remade from the last update's weights (a mesh)
+                metrics["decode_resync_s"] = chat.resync_seconds
             trainer.step(batch, sampler.get_state(), host_metrics=metrics)
             trainer.sync_model(chat.model)  # the step donated the old parameters
             chat.refresh()

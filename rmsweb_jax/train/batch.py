@@ -48,7 +48,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl import rope
 from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig
-from rmsweb_jax.models.qwen3_vl.model import ModelInputs, VisionInputs
+from rmsweb_jax.models.qwen3_vl.model import ModelInputs, VisionInputs, check_vision_window
 from rmsweb_jax.train import global_images
 from rmsweb_jax.train.image_batch import RowImages, microbatch_vision, patch_budget, row_images, stack
 
@@ -201,8 +201,10 @@ def rows_of(values, microbatches: int) -> np.ndarray:
 
 # ---- host preparation ----------------------------------------------------------------------------------
 def prepare_batch(batch: Mapping[str, Any], config: Qwen3VLConfig, microbatches: int = 1,
-                  rows: int | None = None, mesh=None, rules=sharding.DEFAULT_RULES) -> TrainBatch:
+                  rows: int | None = None, mesh=None, rules=sharding.DEFAULT_RULES, vision_window: int = 0) -> TrainBatch:
     """Returns the TrainBatch (numpy, [M, B/M, ...]) of a contract batch (see the module docstring).
+
+    vision_window: the model's RuntimeOptions.vision_window; a larger image is refused (model.check_vision_window).
 
     mesh, rules: where the rows will be placed; needed with several processes only, whose vision
     inputs list the images of all processes' rows in their global order (a collective: every process
@@ -219,6 +221,8 @@ def prepare_batch(batch: Mapping[str, Any], config: Qwen3VLConfig, microbatches:
     if n_rows % microbatches:
         raise ValueError(f"a batch of {n_rows} rows does not split into {microbatches} microbatches")
     images = row_images(b, config, ids, seg)
+    if images is not None:
+        check_vision_window(images.grids, vision_window)
     order = [np.arange(m, n_rows, microbatches) for m in range(microbatches)]
     targets, weights = shift_tokens(ids), shift_tokens(mask)
     position_ids, deltas = _position_ids(config, ids, seg, images)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from kernels.token_logprobs import token_logprobs
 from rmsweb_jax.train.batch import TrainBatch
+from rmsweb_jax.train.loss import loss_head
 from rmsweb_jax.train.step import ModelParts
 
 
@@ -27,7 +28,8 @@ def logprob_fn(parts: ModelParts, impl: str | None = None) -> Callable[[dict, Tr
     def microbatch(params, mb: TrainBatch) -> jax.Array:
         model = parts.merge(params)
         hidden, _ = model.hidden_states(mb.inputs)
-        logp = token_logprobs(hidden, model.text.lm_head_matrix(), mb.targets, impl=impl)
+        lm_head, layout = loss_head(model, hidden)
+        logp = token_logprobs(hidden, lm_head, mb.targets, impl=impl, **layout)
         # where(), not a product: a garbage log-prob at a padded position must not leak into sums.
         return jnp.where(mb.weights != 0, logp, 0.0)
 

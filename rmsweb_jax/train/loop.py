@@ -167,7 +167,8 @@ class Trainer:
         with the step's metrics as their mean over the reporting window.
         """
         batch = batch_lib.prepare_batch(host_batch, self.model_config, self.settings.microbatches, rows=self.local_rows,
-                                        mesh=self.mesh, rules=self.rules)
+                                        mesh=self.mesh, rules=self.rules,
+                                        vision_window=int(self.config.model.vision_window))
         counts = batch_lib.batch_counts(batch)
         placed = batch_lib.to_global(batch, batch_lib.batch_shardings(batch, self.mesh, self.rules))
         self.state, metrics = self.train_step(self.state, placed)

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 from kernels.token_logprobs import token_logprobs
 from rmsweb_jax.train.aux_metrics import Max, Mean, Min
-from rmsweb_jax.train.loss import LossFn, LossParts
+from rmsweb_jax.train.loss import LossFn, LossParts, loss_head
 
 AGGREGATIONS = ("token_mean", "sequence_mean_token_mean")
 REQUIRED_EXTRAS = ("advantage", "anchor", "token_old_logprobs")
@@ -159,7 +159,8 @@ def make_salvage_loss(settings: RLLossSettings, impl: str | None = None) -> Loss
 
     def salvage_loss(model, batch):
         hidden, _ = model.hidden_states(batch.inputs)
-        logp = token_logprobs(hidden, model.text.lm_head_matrix(), batch.targets, impl=impl)
+        lm_head, layout = loss_head(model, hidden)
+        logp = token_logprobs(hidden, lm_head, batch.targets, impl=impl, **layout)
         return salvage_terms(logp, batch.weights, batch.extras, settings)
 
     return salvage_loss

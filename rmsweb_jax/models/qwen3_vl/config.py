@@ -11,6 +11,8 @@ import json
 import pathlib
 from typing import Any
 
+from rmsweb_jax.models.sharding import DECODE_SHARDINGS
+
 SUPPORTED_MODEL_TYPES = ("qwen3_vl",)
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention_out")
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")
@@ -185,11 +187,25 @@ class RuntimeOptions:
     # copy of the text weights); "stacked" reads the training layout; "auto": per_layer on one CPU
     # device when the copy is at most 2 GiB, stacked elsewhere.
     decode_layout: str = "auto"
+    # How the sampler lays the text weights over a mesh for its decode steps (models/sharding.py decode_rules):
+    # "training" reads the training layout (FSDP weights all-gathered on every generated token); "tensor" and
+    # "replicated" use a copy made once per set of weights; "auto": replicated when that copy takes at most a
+    # quarter of a device's memory, else tensor (training without a multi-device mesh).
+    decode_sharding: str = "auto"
+    # The most patches one image (one frame) given to the vision tower may have: its attention then runs
+    # over the band of this many patches around each patch, exact and linear in the number of images
+    # (models/attention.py). 0: over the whole microbatch, quadratic. A larger image is refused on the host
+    # (model.check_vision_window).
+    vision_window: int = 0
 
     def __post_init__(self):
+        _require(not isinstance(self.vision_window, bool) and isinstance(self.vision_window, int)
+                 and self.vision_window >= 0, "vision_window", "an int >= 0 (0: no window)", self.vision_window)
         _require(isinstance(self.scan_layers, bool), "scan_layers", "True or False", self.scan_layers)
         _require(self.decode_layout in DECODE_LAYOUTS, "decode_layout", f"one of {DECODE_LAYOUTS}",
                  self.decode_layout)
+        _require(self.decode_sharding in DECODE_SHARDINGS, "decode_sharding", f"one of {DECODE_SHARDINGS}",
+                 self.decode_sharding)
         _require(self.remat_policy in REMAT_POLICIES, "remat_policy", f"one of {REMAT_POLICIES}", self.remat_policy)
         _require(self.attention_impl in ATTENTION_IMPLS, "attention_impl", f"one of {ATTENTION_IMPLS}",
                  self.attention_impl)

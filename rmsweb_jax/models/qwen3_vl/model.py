@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl import rope
 from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig, RuntimeOptions
@@ -81,7 +82,8 @@ class Qwen3VL(nnx.Module):
                  mm_token_type_ids=None) -> ModelOutput:
         """Returns logits for transformers-style inputs (host prep + one jitted forward)."""
         inputs = prepare_inputs(self.config, input_ids, attention_mask=attention_mask, pixel_values=pixel_values,
-                                image_grid_thw=image_grid_thw, mm_token_type_ids=mm_token_type_ids)
+                                image_grid_thw=image_grid_thw, mm_token_type_ids=mm_token_type_ids,
+                                vision_window=self.runtime.vision_window)
         graphdef, state = nnx.split(self)
         logits = _forward_logits(graphdef, state, inputs)
         return ModelOutput(logits, inputs.rope_deltas)
@@ -96,8 +98,9 @@ def _forward_logits(graphdef, state, inputs: ModelInputs) -> jax.Array:
 
 # ---- host-side input preparation ---------------------------------------------------------------
 def prepare_inputs(config: Qwen3VLConfig, input_ids, *, attention_mask=None, pixel_values=None, image_grid_thw=None,
-                   mm_token_type_ids=None, pad_patches_to: int | None = None) -> ModelInputs:
-    """Returns ModelInputs (numpy) for transformers-layout inputs, validating them against each other."""
+                   mm_token_type_ids=None, pad_patches_to: int | None = None, vision_window: int = 0) -> ModelInputs:
+    """Returns ModelInputs (numpy) for transformers-layout inputs, validating them against each other (and the
+    images against `vision_window`, the model's RuntimeOptions.vision_window)."""
     ids = np.asarray(input_ids)
     if ids.ndim != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {ids.shape}")
@@ -126,6 +129,7 @@ def prepare_inputs(config: Qwen3VLConfig, input_ids, *, attention_mask=None, pix
         if n_image_tokens != expected_tokens:
             raise ValueError(f"input_ids hold {n_image_tokens} image tokens but image_grid_thw {grid.tolist()} "
                              f"needs {expected_tokens}")
+        check_vision_window(grid, vision_window)
         interp_idx, interp_w = rope.vision_pos_interpolation(grid, config.vision.num_grid_per_side, merge)
         vision = VisionInputs(pv, rope.vision_rotary_positions(grid, merge), interp_idx, interp_w,
                               rope.vision_segment_ids(grid))
@@ -138,6 +142,22 @@ def prepare_inputs(config: Qwen3VLConfig, input_ids, *, attention_mask=None, pix
         ids, mask, image_grid_thw, image_token_id=config.image_token_id, spatial_merge_size=merge,
         mm_token_type_ids=np.asarray(mm_token_type_ids))
     return ModelInputs(ids.astype(np.int32), mask, position_ids, vision, deltas)
+
+
+def check_vision_window(image_grid_thw, window: int) -> None:
+    """Returns None when every image (each frame) of `image_grid_thw` has at most `window` patches (0: no limit).
+
+    The vision tower computes attention only within `window` patches of each patch (exact for images no
+    larger); a larger image would come out all NaN, so it is refused here, before the step runs.
+    """
+    if not window:
+        return
+    for i, (t, h, w) in enumerate(np.asarray(image_grid_thw).reshape(-1, 3).tolist()):
+        if h * w > window:
+            raise UserError(f"image {i} of grid (t, h, w) = {(t, h, w)} has {h * w} patches per frame, more than "
+                            f"config.model.vision_window = {window} (the vision attention window): raise "
+                            f"config.model.vision_window to at least {h * w}, or resize images to at most {window} "
+                            "patches (the image processor's max_pixels)")
 
 
 def pad_vision(vision: VisionInputs, length: int, merge: int) -> VisionInputs:

@@ -117,7 +117,8 @@ class TextDecoder(nnx.Module):
                 k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0)).astype(dt)
                 v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0)).astype(dt)
             o = attention(q, k, v, q_segment_ids=segment_ids, kv_segment_ids=kv_seg, causal=True,
-                          q_positions=q_pos, kv_positions=kv_pos, impl=self.runtime.attention_impl)
+                          q_positions=q_pos, kv_positions=kv_pos, impl=self.runtime.attention_impl, mesh=self.mesh,
+                          rules=self.rules)
             o = checkpoint_name(o, "attention_out")
             h = h + dense(o, p["o_kernel"].astype(dt), n_in=2)
             y = rms_norm(h, p["post_attention_norm"], cfg.rms_norm_eps)

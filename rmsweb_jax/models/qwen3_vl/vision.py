@@ -98,6 +98,9 @@ class VisionTower(nnx.Module):
         x = sharding.constrain(x, ("patches", "vision_embed"), self.mesh, self.rules)
         cos, sin = rope.vision_cos_sin(rot_pos, head_dim=cfg.head_dim, theta=cfg.rope_theta)
         seg = segment_ids[None]
+        # Images sit in order and none exceeds the window (checked on the host by check_vision_window), so
+        # attention over the band of `vision_window` around each patch is exact: linear in the images.
+        window = self.runtime.vision_window or None
         ds_slot = jnp.full((cfg.depth,), len(cfg.deepstack_visual_indexes), jnp.int32)
         for j, layer in enumerate(cfg.deepstack_visual_indexes):
             ds_slot = ds_slot.at[layer].set(j)
@@ -114,7 +117,8 @@ class VisionTower(nnx.Module):
             q = (q.astype(jnp.float32) * cos[:, None] + _rot(q) * sin[:, None]).astype(dt)
             k = (k.astype(jnp.float32) * cos[:, None] + _rot(k) * sin[:, None]).astype(dt)
             o = attention(q[None], k[None], v[None], q_segment_ids=seg, kv_segment_ids=seg, causal=False,
-                          impl=self.runtime.attention_impl)[0]
+                          impl=self.runtime.attention_impl, window=window, mesh=self.mesh, rules=self.rules,
+                          head_axes=("vision_heads", "vision_heads"))[0]
             h = h + dense(o, p["proj_kernel"].astype(dt), n_in=2) + p["proj_bias"].astype(dt)
             y = layer_norm(h, p["norm2_scale"], p["norm2_bias"])
             y = jax.nn.gelu(y @ p["fc1_kernel"].astype(dt) + p["fc1_bias"].astype(dt), approximate=True)

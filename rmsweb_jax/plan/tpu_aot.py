@@ -1,0 +1,200 @@
+"""Ahead-of-time TPU compiles on any machine: libtpu's compiler over a slice's devices, no chip needed.
+
+`topology_devices("v5p", 32)` gives the JAX devices of a real v5p slice (from
+`jax.experimental.topologies`); a `Mesh` over them and `jax.ShapeDtypeStruct` inputs carrying their
+`NamedSharding`s trace and compile the real TPU program (`compile_program`), whose memory analysis,
+cost analysis and HLO are what the chip would run. Nothing is allocated.
+
+libtpu is found, in order: an importable `libtpu` module (a TPU VM's `pip install .[tpu]`), the folder
+named by $RMSWEB_LIBTPU, or `<repo>/.venv/libtpu` (where `make install` puts it with `pip --target`). It is
+kept off the venv's normal path on purpose: with libtpu importable, a plain `jax.devices()` on a machine
+without a TPU spends ~20 s probing for one (FACTS.md); JAX_PLATFORMS=cpu avoids that probe and the
+topology still loads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import math
+import os
+import pathlib
+import re
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+
+from rmsweb_jax.errors import UserError
+
+LIBTPU_ENV = "RMSWEB_LIBTPU"
+_REPO_LIBTPU = pathlib.Path(__file__).resolve().parents[2] / ".venv" / "libtpu"
+
+# Chip grids of the slices we compile for, by chip count (v5p: 3-D tori; v5e/v6e: 2-D). The names are
+# what `topologies.get_topology_desc(topology_name=...)` takes: "<gen>:<grid>".
+_GRIDS = {
+    "v5p": {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4",
+            128: "4x4x8", 256: "4x8x8", 512: "8x8x8"},
+    "v6e": {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"},
+    "v5e": {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"},
+}
+TPU_CHIPS = tuple(_GRIDS)
+_DEVICE_KIND = {"v5p": "v5p", "v6e": "v6e", "v5e": "v5litepod"}  # topology name prefixes libtpu knows
+
+
+class LibtpuUnavailable(RuntimeError):
+    """libtpu cannot be found or loaded here: the reason is the message."""
+
+
+def libtpu_dir() -> pathlib.Path | None:
+    """Returns the folder to put on sys.path for libtpu, or None when `import libtpu` already works."""
+    if importlib.util.find_spec("libtpu") is not None:
+        return None
+    given = os.environ.get(LIBTPU_ENV)
+    folder = pathlib.Path(given).expanduser() if given else _REPO_LIBTPU
+    if not (folder / "libtpu").is_dir():
+        where = f"${LIBTPU_ENV}={given}" if given else f"{_REPO_LIBTPU} (make install puts it there)"
+        raise LibtpuUnavailable(f"libtpu is not importable and not at {where}; install it with "
+                                f"`pip install --no-deps --target DIR libtpu==<the version for jax {jax.__version__}>` "
+                                f"and set {LIBTPU_ENV}=DIR")
+    return folder
+
+
+def libtpu_version() -> str:
+    """Returns the installed libtpu's version ('unknown' when its metadata cannot be read)."""
+    from importlib import metadata
+    folder = libtpu_dir()
+    paths = [str(folder)] if folder is not None else None
+    for dist in metadata.distributions(path=paths) if paths else metadata.distributions():
+        if dist.metadata["Name"] == "libtpu":
+            return dist.version
+    return "unknown"
+
+
+def topology_name(chip: str, chips: int) -> str:
+    """Returns libtpu's topology name ("v5p:4x4x2") of a `chip` slice of `chips` chips."""
+    grids = _GRIDS.get(chip)
+    if grids is None:
+        raise UserError(f"--chip={chip!r}: ahead-of-time compiles know {sorted(_GRIDS)} (GPUs: compile on the GPU)")
+    if chips not in grids:
+        raise UserError(f"a {chip} slice of {chips} chips: ahead-of-time compiles know {sorted(grids)} chips")
+    return f"{_DEVICE_KIND[chip]}:{grids[chips]}"
+
+
+@functools.lru_cache(maxsize=None)
+def topology_devices(chip: str, chips: int) -> tuple:
+    """Returns the devices of a `chip` slice of `chips` chips (libtpu's compiler, no chip needed); the same device
+    objects on every call (one program's inputs must sit on the same devices)."""
+    folder = libtpu_dir()
+    # Several compiling processes at once (pytest-xdist workers, a plan beside a test run): libtpu otherwise
+    # takes /tmp/libtpu_lockfile as if it owned a chip, and the second process fails to load.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no GCE metadata server to ask: we are not on a TPU VM
+    if folder is not None and str(folder) not in sys.path:
+        sys.path.append(str(folder))
+    from jax.experimental import topologies
+    try:
+        topo = topologies.get_topology_desc(topology_name=topology_name(chip, chips), platform="tpu")
+    except Exception as err:  # noqa: BLE001 - libtpu raises plain RuntimeErrors/XlaRuntimeErrors here
+        raise LibtpuUnavailable(f"libtpu could not describe {topology_name(chip, chips)}: {err}") from err
+    return tuple(topo.devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileReport:
+    """What the compiler says of one program, per device."""
+    name: str
+    seconds: float             # trace + lower + compile
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int           # outputs that reuse (donated) argument buffers
+    temp_bytes: int
+    flops: float               # cost_analysis()['flops'] (per device: the partitioned program)
+    hlo: str
+
+    @property
+    def peak_bytes(self) -> int:
+        """Returns arguments + outputs not aliased to them + temporaries: the program's live HBM at its peak."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+    def count(self, op: str, *, scope: str | None = None, min_bytes: int = 0) -> int:
+        """Returns how many HLO instructions of opcode `op` (e.g. 'all-gather') of at least `min_bytes` per
+        device the program holds; with `scope`, only those inside the while loop named so."""
+        return sum(result_bytes(line) >= min_bytes for line in instructions(self.hlo, op, scope=scope))
+
+
+def computations(hlo: str) -> dict[str, list[str]]:
+    """Returns {computation name: its instruction lines} of an HLO module's text."""
+    out, current = {}, None
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
+        if head:
+            current = head.group(1)
+            out[current] = []
+        elif line.startswith("}"):
+            current = None
+        elif current is not None:
+            out[current].append(line.strip())
+    return out
+
+
+_CALLS = re.compile(r"(?:calls|body|condition|to_apply)=%([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+
+
+def while_loop_closure(hlo: str, scope: str) -> dict[str, list[str]]:
+    """Returns the computations a `while` named under `scope` (jax.named_scope) runs: its body and everything
+    the body calls, nested loops and fusions included ({} when no such while is found)."""
+    comps = computations(hlo)
+    root = None
+    for lines in comps.values():
+        for line in lines:
+            if " while(" in line and f"/{scope}/" in line:
+                root = re.search(r"body=%([\w.\-]+)", line).group(1)
+    if root is None:
+        return {}
+    seen, todo = {}, [root]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in comps:
+            continue
+        seen[name] = comps[name]
+        for line in comps[name]:
+            todo.extend(_CALLS.findall(line))
+            for group in _BRANCHES.findall(line):
+                todo.extend(n.strip().lstrip("%") for n in group.split(","))
+    return seen
+
+
+def instructions(hlo: str, op: str, *, scope: str | None = None) -> list[str]:
+    """Returns the HLO lines of opcode `op` (async '-start' forms included, not their '-done'); with `scope`,
+    only those inside the while loop named so (while_loop_closure)."""
+    pattern = re.compile(rf"\s{re.escape(op)}(-start)?\(")
+    comps = computations(hlo) if scope is None else while_loop_closure(hlo, scope)
+    return [line for lines in comps.values() for line in lines if pattern.search(line.split("=", 1)[-1][:200])]
+
+
+def result_bytes(line: str) -> int:
+    """Returns the bytes of an HLO instruction's (first) result shape, e.g. 'bf16[4096,512]' -> 4 MiB."""
+    sizes = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+             "f64": 8, "s64": 8, "u64": 8}
+    m = re.search(r"=\s*\(?(\w+)\[([\d,]*)\]", line)
+    if not m or m.group(1) not in sizes:
+        return 0
+    dims = [int(d) for d in m.group(2).split(",") if d]
+    return sizes[m.group(1)] * math.prod(dims)
+
+
+def compile_program(name: str, fn: Callable, args: Sequence[Any], *, platform: str = "tpu") -> CompileReport:
+    """Returns the CompileReport of `fn` (a jax.jit object) on abstract `args` (ShapeDtypeStructs with
+    shardings over topology devices), compiled for `platform`."""
+    start = time.perf_counter()
+    compiled = fn.trace(*args).lower(lowering_platforms=(platform,)).compile()
+    seconds = time.perf_counter() - start
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return CompileReport(name, seconds, int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes),
+                         int(mem.alias_size_in_bytes), int(mem.temp_size_in_bytes), float(cost.get("flops", 0.0)),
+                         compiled.as_text())

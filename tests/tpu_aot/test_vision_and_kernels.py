@@ -1,0 +1,68 @@
+"""The vision tower over several images and the Pallas kernels, compiled for TPU: the tower's FLOPs grow
+linearly with the number of images (per-image attention), and the kernels the stages call on one chip compile."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from kernels.grouped_advantage import Gates, grouped_arrays_pallas
+from kernels.token_logprobs_tpu import token_logprobs_tpu
+from rmsweb_jax.plan import programs, tpu_aot
+from tests.tpu_aot.slices import model_config, slice_config
+
+pytestmark = [pytest.mark.tpu_aot, pytest.mark.slow]
+PATCHES = 256  # per image: a 256x256 picture (16 x 16 patches of 16); small, so that each compile is quick
+
+
+def _devices(chip, chips):
+    try:
+        return tpu_aot.topology_devices(chip, chips)
+    except tpu_aot.LibtpuUnavailable as err:
+        pytest.skip(f"libtpu cannot load here: {err}")
+
+
+def _vision_flops(images: int, window: int, impl: str) -> float:
+    config = slice_config("8b", "v5p", (1, 2, 2))
+    config.model.vision_window, config.model.attention_impl = window, impl
+    devices = _devices("v5p", 4)
+    mesh = Mesh(np.array(devices).reshape(1, 2, 2), ("data", "fsdp", "tensor"))
+    from rmsweb_jax.models.from_config import rules_from_config
+    program = programs.vision_tower(config, model_config("8b"), mesh, rules_from_config(config), images, PATCHES)
+    return tpu_aot.compile_program(program.name, program.fn, program.args).flops
+
+
+def test_vision_flops_grow_linearly_with_images():
+    # XLA's banded path, whose attention cost_analysis counts (a Mosaic kernel's FLOPs are not counted).
+    per_image = {n: _vision_flops(n, PATCHES, "xla") / n for n in (4, 8, 16)}
+    assert max(per_image.values()) <= 1.10 * min(per_image.values()), per_image
+    # Without the window the same tower pays for every pair of images: more per image as images are added.
+    assert _vision_flops(16, 0, "xla") / 16 > 1.2 * per_image[16]
+
+
+def test_vision_tower_with_splash_compiles_per_image():
+    assert _vision_flops(4, PATCHES, "splash") > 0
+
+
+def _one_chip(shape, dtype):
+    device = _devices("v5p", 4)[0]  # one chip of the smallest v5p host (2x2x1)
+    sharding = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def test_pallas_token_logprobs_compiles_for_tpu():
+    cfg = model_config("8b").text
+    fn = jax.jit(jax.value_and_grad(lambda h, w, y: token_logprobs_tpu(h, w, y)[0].sum(), argnums=(0, 1)))
+    args = (_one_chip((2048, cfg.hidden_size), jnp.bfloat16), _one_chip((cfg.hidden_size, cfg.vocab_size), jnp.bfloat16),
+            _one_chip((2048,), jnp.int32))
+    rep = tpu_aot.compile_program("token_logprobs_tpu", fn, args)
+    assert "tpu_custom_call" in rep.hlo and rep.peak_bytes > 0
+
+
+def test_pallas_grouped_advantages_compile_for_tpu():
+    fn = jax.jit(lambda r, m: grouped_arrays_pallas(r, m, Gates(), "tpu", False, None))
+    args = (_one_chip((256, 8), jnp.float32), _one_chip((256, 8), jnp.float32))
+    rep = tpu_aot.compile_program("grouped_advantages", fn, args)
+    assert "tpu_custom_call" in rep.hlo

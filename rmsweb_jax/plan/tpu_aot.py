@@ -190,7 +190,11 @@ def compile_program(name: str, fn: Callable, args: Sequence[Any], *, platform: s
     """Returns the CompileReport of `fn` (a jax.jit object) on abstract `args` (ShapeDtypeStructs with
     shardings over topology devices), compiled for `platform`."""
     start = time.perf_counter()
-    compiled = fn.trace(*args).lower(lowering_platforms=(platform,)).compile()
+    # Traced at the chip's default matmul precision, as on a TPU VM: a process that set 'highest' for exact CPU
+    # references (our tests) would otherwise hand Mosaic kernels bf16 dots with an fp32 contract precision, which
+    # it refuses ("Bad lhs type"), in backward kernels traced outside any context the model code could set.
+    with jax.default_matmul_precision("default"):
+        compiled = fn.trace(*args).lower(lowering_platforms=(platform,)).compile()
     seconds = time.perf_counter() - start
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()

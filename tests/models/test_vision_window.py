@@ -55,7 +55,7 @@ def test_banded_splash_tower_equals_the_whole_sequence_xla_tower(monkeypatch):
     vision = _vision(GRIDS, pad_to=352)
     real = int(np.prod(GRIDS, axis=1).sum()) // MERGE ** 2
     want_merged, _ = _tower(0)(*vision)
-    monkeypatch.setattr(attn, "_resolve", lambda impl: "splash_interpret" if impl == "splash" else impl)
+    monkeypatch.setattr(attn, "_resolve", lambda impl, mesh=None: "splash_interpret" if impl == "splash" else impl)
     got_merged, _ = _tower(WINDOW, impl="splash")(*vision)
     np.testing.assert_allclose(np.asarray(got_merged)[:real], np.asarray(want_merged)[:real], atol=1e-5)
 

@@ -362,7 +362,9 @@ def _device_bytes(mesh) -> int | None:
     """Returns the memory one device of `mesh` reports (None: it reports none, e.g. a CPU)."""
     if mesh is None:
         return None
-    stats = mesh.devices.flat[0].memory_stats() or {}
+    # One of this process's devices: another host's device cannot be asked (several processes share the mesh).
+    local = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
+    stats = local.memory_stats() or {}
     return stats.get("bytes_limit")
 
 

@@ -91,10 +91,8 @@ def _block(size: int, extent: int, multiple: int, name: str) -> int:
 
 
 def _precision(dtype):
-    # float32 inputs get exact float32 matmuls; bf16 multiplies natively with f32 accumulation. DEFAULT is written
-    # out: None would take jax_default_matmul_precision, and under 'highest' Mosaic refuses bf16 operands with an
-    # fp32 contract precision ("Bad lhs type", found by compiling this kernel for a v5p chip).
-    return lax.Precision.HIGHEST if dtype == jnp.float32 else lax.Precision.DEFAULT
+    # float32 inputs get exact float32 matmuls; bf16 multiplies natively with f32 accumulation.
+    return lax.Precision.HIGHEST if dtype == jnp.float32 else None
 
 
 def _masked_tile(h, w, y, j, cfg: _Config):

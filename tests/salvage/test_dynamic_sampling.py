@@ -133,6 +133,11 @@ def test_anchor_keeps_the_configured_rejected_groups(anchor, want):
         assert draw.anchored == draw.rejected
     assert all(g.num_correct == 0 for g in draw.anchored) or anchor == "all"
     assert all(np.all(g.advantages == 0.0) for g in draw.rejected)
+    # What it keeps, exactly: every rejected group of a wanted kind, in draw order, and the draw saw both kinds.
+    assert {0, 1} <= {0 if n_correct(g.state_index) == 0 else 1 for g in draw.rejected}
+    kept = [g for g in draw.rejected if (0 if n_correct(g.state_index) == 0 else 1) in want]
+    assert [g.state_index for g in draw.anchored] == [g.state_index for g in kept]
+    assert draw.metrics()["groups_anchored"] == len(kept)
 
 
 def test_ragged_groups_are_masked():

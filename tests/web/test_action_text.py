@@ -188,7 +188,7 @@ HUGE = 10 ** 400  # beyond float range: math.isfinite(HUGE) raises OverflowError
     ({"action": "type", "text": "a", "coordinate": [HUGE, 1]}, "coordinate_out_of_range", "far outside"),
     ({"action": "scroll", "direction": "down", "amount": HUGE}, "invalid_argument", "amount"),
     ({"action": "scroll", "direction": "down", "amount": -HUGE}, "invalid_argument", "amount"),
-    ({"action": "scroll", "direction": "up", "amount": 3, "coordinate": [HUGE, 0]}, "coordinate_out_of_range", ""),
+    ({"action": "scroll", "direction": "up", "amount": 3, "coordinate": [HUGE, 0]}, "coordinate_out_of_range", "far outside"),
     ({"action": "wait", "time": HUGE}, "invalid_argument", "time"),
     ({"action": "wait", "time": -HUGE}, "invalid_argument", "time"),
 ])

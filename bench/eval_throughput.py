@@ -37,7 +37,8 @@ from rmsweb_jax.agents.policy import StepContext  # noqa: E402
 from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher  # noqa: E402
 from rmsweb_jax.collect.records import request_id  # noqa: E402
 from rmsweb_jax.stages import eval as eval_stage  # noqa: E402
-from rmsweb_jax.stages.collect import make_suite, miniwob_tasks  # noqa: E402
+from rmsweb_jax.stages.collect import collect_tasks  # noqa: E402
+from rmsweb_jax.suites.from_config import suite_from_config  # noqa: E402
 from rmsweb_jax.web.actions import Action  # noqa: E402
 from rmsweb_jax.web.episode import EpisodeRequest  # noqa: E402
 from rmsweb_jax.web.pool import AsyncWorkerPool  # noqa: E402
@@ -81,7 +82,7 @@ def run_stage(config) -> tuple[int, int, float, dict]:
 
 async def _bare(config) -> tuple[int, int, float]:
     env = config.collect
-    tasks = miniwob_tasks(env)
+    tasks = collect_tasks(env)
     seeds = range(config.eval.first_seed, config.eval.first_seed + config.eval.num_seeds)
     teacher = ScriptedTeacher(MistakeConfig.from_dict(dict(env.teacher.to_dict())), tasks=[t.id for t in tasks])
 
@@ -94,7 +95,7 @@ async def _bare(config) -> tuple[int, int, float]:
     requests = [EpisodeRequest(task=t, seed=s, max_steps=config.eval.max_steps, request_id=request_id(t.id, s, 1))
                 for t in tasks for s in seeds]
     started = time.perf_counter()
-    with make_suite(env) as suite:
+    with suite_from_config(env) as suite:
         async with AsyncWorkerPool(suite, env.workers, WorkerConfig(step_timeout_s=env.step_timeout_s),
                                    max_attempts=env.pool_max_attempts) as pool:
             episodes = [e async for e in pool.run(requests, policy)]

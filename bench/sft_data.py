@@ -74,7 +74,7 @@ def main() -> None:
     from rmsweb_jax.collect.sft_view import SFTView
     from rmsweb_jax.data.sft import SFTBatches, SFTDataConfig
     from rmsweb_jax.collect.store_fixture import write_synthetic_store
-    from rmsweb_jax.stages.sft import check_tokenizer
+    from rmsweb_jax.train.tokenizer import check_tokenizer
     from rmsweb_jax.train.loop import Trainer
 
     tasks, seeds, n_batches, steps = (4, 2, 4, 1) if args.quick else (8, 2, 8, 4)

@@ -202,6 +202,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     # Stage "salvage": Salvage-DS, group-relative RL on the mined critical states (rmsweb_jax/salvage/).
     c.salvage = ml_collections.ConfigDict()
+    # salvage_ds (the paper's) | grpo (plain GRPO, the ablation "RL without Salvage-DS's pieces": binary reward,
+    # no contrast / competence gate, no anchor; rmsweb_jax/salvage/learner.py)
+    c.salvage.algorithm = "salvage_ds"
     c.salvage.init = ""                   # "" = hf:<workdir>/sft/hf (the sft stage's export); or hf:/path
     c.salvage.states = ""                 # "" = <workdir>/mine/states.arrayrecord (the mine stage's state set)
     c.salvage.seed = 0                    # state order (reshuffled every epoch) and sampling keys

@@ -121,7 +121,7 @@ def test_missing_flags_fail_with_usage():
 def test_bad_model_init_is_named(tmp_path):
     sys.path.insert(0, os.path.join(REPO, "configs"))
     from common import base_config
-    from rmsweb_jax.sampling.model_from_config import load_model
+    from rmsweb_jax.model_init import load_model
     config = base_config()
     config.model.init = "s3://bucket/model"
     with pytest.raises(UserError, match=r"config.model.init = 's3://bucket/model'"):

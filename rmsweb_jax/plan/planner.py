@@ -15,7 +15,7 @@ from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import qwen3_vl, sharding
 from rmsweb_jax.models.from_config import rules_from_config
 from rmsweb_jax.plan import chips, memory, programs
-from rmsweb_jax.sampling.model_from_config import RANDOM_PRESETS
+from rmsweb_jax.model_init import RANDOM_PRESETS
 from rmsweb_jax.stages.salvage import train_config as salvage_train_config
 from rmsweb_jax.train.batch import check_batch_layout
 from rmsweb_jax.train.metrics import train_flops

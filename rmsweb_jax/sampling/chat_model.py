@@ -110,16 +110,16 @@ class ChatModel:
     @classmethod
     def load(cls, spec: str, workdir: str | pathlib.Path, *, config: ml_collections.ConfigDict | None = None,
              devices=None, **kw) -> "ChatModel":
-        """Returns the chat model of `spec` ('hf:/path' or 'random:tiny', as sampling/model_from_config.py reads it).
+        """Returns the chat model of `spec` ('hf:/path' or 'random:tiny', as rmsweb_jax/model_init.py reads it).
 
         `config` is the run's config (its model dtypes, mesh and sharding rules are used; `spec`
         replaces config.model.init); without one the model loads float32 on a single device. `devices`
         (default: the global mesh's) are where it is placed, e.g. jax.local_devices() for a model each host
-        samples with alone (sampling/model_from_config.py load_model). The
+        samples with alone (rmsweb_jax/model_init.py load_model). The
         checkpoint's preprocessor_config.json and generation_config.json set the image config and
         stop tokens unless `image_config` / `stop_token_ids` are given.
         """
-        from rmsweb_jax.sampling.model_from_config import load_model  # heavy (jax, safetensors); only loaders pay
+        from rmsweb_jax.model_init import load_model  # heavy (jax, safetensors); only loaders pay
         from rmsweb_jax.processing.prompt_tokens import load_tokenizer
 
         cfg = loading_config(spec, config)
@@ -312,7 +312,7 @@ def image_config_from_checkpoint(checkpoint_dir: str | pathlib.Path) -> ImagePro
 
 
 def loading_config(spec: str, config: ml_collections.ConfigDict | None) -> ml_collections.ConfigDict:
-    """Returns a config for sampling/model_from_config.py: the run's, or float32 on one device, with model.init = spec."""
+    """Returns a config for rmsweb_jax/model_init.py: the run's, or float32 on one device, with model.init = spec."""
     if config is not None:
         cfg = ml_collections.ConfigDict(config.to_dict())
     else:

@@ -30,7 +30,7 @@ from rmsweb_jax.data.sft import example_name
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING
-from rmsweb_jax.stages.sft import saved_split
+from rmsweb_jax.stages.sft_split import saved_split
 from rmsweb_jax.web.semantics import same_action
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).

@@ -23,8 +23,8 @@ sampling, the prompt) is recorded beside the store in settings.json; a rerun wit
 refused rather than mixed into the same figures.
 
 The environment is config.collect's: suite, task file, judge, workers, step timeout, MiniWoB++'s
-time limit, viewport (the same make_suite / make_judge as the collect stage); eval.tasks "" takes
-collect.tasks. Success is the judge's verdict under the "solved" rule whatever collect.success
+time limit, viewport (the same suite_from_config / judge_from_config as the collect stage); eval.tasks
+"" takes collect.tasks. Success is the judge's verdict under the "solved" rule whatever collect.success
 says (a partial MiniWoB++ reward is a failure).
 
 Seeds: an evaluation on (task, seed) pairs the policy trained on measures memory, not skill. The
@@ -70,8 +70,8 @@ _LABEL = re.compile(r"[A-Za-z0-9._-]+")
 
 @dataclasses.dataclass(frozen=True)
 class PolicyEntry:
-    """One policy to evaluate: its label (in tables and `eval.compare`), the spec collect's
-    build_policy takes, and the spec as config.eval.policies wrote it."""
+    """One policy to evaluate: its label (in tables and `eval.compare`), the spec
+    agents/from_config.py's build_policy takes, and the spec as config.eval.policies wrote it."""
 
     label: str
     spec: str
@@ -173,16 +173,14 @@ def environment(config) -> ml_collections.ConfigDict:
 
 def eval_tasks(env, entries: list[PolicyEntry]) -> list:
     """Returns the evaluation's tasks (collect's loaders over env.tasks)."""
-    from rmsweb_jax.stages.collect import live_tasks, miniwob_tasks
+    from rmsweb_jax.suites.from_config import live_tasks, miniwob_tasks
     if env.suite != "miniwob":
         return live_tasks(env)
     if not env.tasks and any(e.is_model for e in entries):
         raise UserError("eval.tasks and collect.tasks are both empty: name the MiniWoB++ task ids to evaluate a "
                         "model on, e.g. --config.eval.tasks=click-button,click-test")
-    if not env.tasks:
-        env = ml_collections.ConfigDict(env.to_dict())
-        env.policy = "teacher"  # "" = every task type the teacher solves (collect's rule)
-    return miniwob_tasks(env)
+    from rmsweb_jax.agents.teacher import SOLVED_TASKS
+    return miniwob_tasks(env, SOLVED_TASKS)  # "" = every task type the teacher solves (collect's rule)
 
 
 def training_store(config, workdir: pathlib.Path) -> pathlib.Path | None:
@@ -249,7 +247,7 @@ def _digest(value) -> str:
 
 def episode_settings(config, env, entry: PolicyEntry) -> dict:
     """Returns what, besides the policy, decides the meaning of its stored episodes."""
-    from rmsweb_jax.stages.collect import judge_spec
+    from rmsweb_jax.judges.from_config import judge_spec
     judge, endpoint = judge_spec(env)
     out = {"suite": env.suite, "max_steps": config.eval.max_steps, "judge": judge, "judge_endpoint": endpoint,
            "success": env.success, "episode_time_limit_s": env.episode_time_limit_s}
@@ -287,10 +285,10 @@ def play(env, policy, judge, store_dir: pathlib.Path, tasks: list, seeds: list[i
     from rmsweb_jax.collect.store import StoreWriter
     from rmsweb_jax.collect.store_provenance import policy_provenance
     from rmsweb_jax.evaluate import host_shares
-    from rmsweb_jax.stages.collect import make_suite
     from rmsweb_jax.web.worker import WorkerConfig
+    from rmsweb_jax.suites.from_config import suite_from_config
     target, pairs = host_shares.this_hosts_share(store_dir, [(t, s) for t in tasks for s in seeds])
-    with make_suite(env) as suite, StoreWriter(target, flush_every_tasks=env.flush_every_tasks,
+    with suite_from_config(env) as suite, StoreWriter(target, flush_every_tasks=env.flush_every_tasks,
                                                flush_every_s=env.flush_every_s, policy=policy.name,
                                                provenance=policy_provenance(policy)) as store:
         summary = RetryCollector(suite, policy, judge, store, attempts=1, workers=env.workers, max_steps=max_steps,
@@ -322,7 +320,8 @@ def run(config, workdir: pathlib.Path) -> dict:
     workdir/eval/{eval_report.*, training_curves.png, viewer/}; returns the report, with "seconds": the
     wall time of playing, of the report (and plots) and of the viewer."""
     from rmsweb_jax.evaluate import report as eval_report
-    from rmsweb_jax.stages.collect import PolicySettings, build_policy, make_judge
+    from rmsweb_jax.agents.from_config import PolicySettings, build_policy
+    from rmsweb_jax.judges.from_config import judge_from_config
     ev = config.eval
     workdir = storage.as_path(workdir)  # local, or gs:// (stores through their mirrors, reports written there)
     out_dir = workdir / EVAL_DIR
@@ -336,7 +335,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     # lockstep: on several, each host samples an in-process model on its own devices (weights read by every host).
     devices = jax.local_devices() if jax.process_count() > 1 else None
     env = environment(config)
-    judge = make_judge(env)
+    judge = judge_from_config(env)
     tasks = eval_tasks(env, entries)
     seeds = list(range(ev.first_seed, ev.first_seed + ev.num_seeds))
     pairs = [(t.id, s) for t in tasks for s in seeds]

@@ -50,7 +50,7 @@ from rmsweb_jax.errors import UserError
 MANIFEST_DIR = "manifests"
 STALE_DIR = "stale"  # FRESH_START folders of stages rerun afresh, moved here (see set_aside)
 HASH_LIMIT = 64 << 20  # files up to 64 MiB are fingerprinted by content; larger ones by size and mtime
-# What loading a model reads besides model.init (sampling/model_from_config.py, models/from_config.py):
+# What loading a model reads besides model.init (rmsweb_jax/model_init.py, models/from_config.py):
 # stages that load a checkpoint they name themselves (mine.checkpoint, salvage.init, eval's policies) read
 # these, not model.init, so a new model.init for sft does not rerun them by itself.
 MODEL_LOADING = ("model.param_dtype", "model.compute_dtype", "model.remat_policy", "model.attention_impl",

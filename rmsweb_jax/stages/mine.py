@@ -30,7 +30,7 @@ from rmsweb_jax.mining.report import compute_report, write_report
 from rmsweb_jax.mining.state_set import CriticalState, state_id, write_state_set
 from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING
-from rmsweb_jax.stages.sft import saved_split
+from rmsweb_jax.stages.sft_split import saved_split
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # sft's split.json always (whatever mine.checkpoint names); config.collect for the rollouts' browsers and judge.
@@ -103,7 +103,8 @@ def _rollout_states(config, workdir: pathlib.Path, chat_model, builder, store_di
     from rmsweb_jax.sampling.chat_model import ChatModel
     from rmsweb_jax.mining import rollouts
     from rmsweb_jax.sampling.sampler import SamplingParams
-    from rmsweb_jax.stages.collect import make_judge, make_suite
+    from rmsweb_jax.judges.from_config import judge_from_config
+    from rmsweb_jax.suites.from_config import suite_from_config
     cfg = config.collect
     tasks = rollouts.reference_task_groups(store_dir, train_keys)
     # The rollout decodes as collection does (config.collect's temperature and token limit).
@@ -115,9 +116,9 @@ def _rollout_states(config, workdir: pathlib.Path, chat_model, builder, store_di
                                                             temperature=cfg.temperature), seed=config.seed,
                         owns_model=hosts > 1)
     try:
-        with make_suite(cfg) as suite:
+        with suite_from_config(cfg) as suite:
             rollout_dir, _ = rollouts.run_rollouts(config, workdir, policy, tasks, suite=suite,
-                                                   judge=make_judge(cfg))
+                                                   judge=judge_from_config(cfg))
     finally:
         if hosts > 1:
             policy.close()  # this host's copy; the caller closes the replay's model

@@ -9,7 +9,7 @@ from absl import logging
 from flax import nnx
 from PIL import Image, ImageDraw
 
-from rmsweb_jax.sampling.model_from_config import load_model
+from rmsweb_jax.model_init import load_model
 from rmsweb_jax.models.qwen3_vl.layers import num_params
 from rmsweb_jax.processing.image import ImageProcessorConfig, preprocess_images
 from rmsweb_jax.processing.prompt_tokens import encode_multimodal, load_tokenizer

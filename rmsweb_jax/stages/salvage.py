@@ -4,7 +4,9 @@
 
 Reads the mine stage's state set (config.salvage.states, default <workdir>/mine/states.arrayrecord)
 and trains the policy of config.salvage.init (default hf:<workdir>/sft/hf, the sft export) with the
-shared Trainer and the Salvage-DS loss (train/rl_loss.py). Each update:
+shared Trainer and the Salvage-DS loss (train/rl_loss.py), through the learner of config.salvage.algorithm
+(salvage/learner.py: "salvage_ds", or "grpo", plain GRPO: the ablation without Salvage-DS's reward, gates
+and anchor). The stage wires the config and the files; each update is the learner's:
 
 1. dynamic sampling (salvage/dynamic_sampling.py): states in a seeded order, G responses each from
    the CURRENT policy (ChatModel.sample_groups: one prefill per state), scored against the state's
@@ -23,7 +25,6 @@ shortfall, reward mean, correct share, rows) are reported with the loss's. Outpu
 """
 from __future__ import annotations
 
-import functools
 import json
 import pathlib
 
@@ -31,18 +32,15 @@ import jax
 import ml_collections
 
 from rmsweb_jax import storage
-from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
+from rmsweb_jax.agents.prompt import prompt_config_from
 from rmsweb_jax.data.batching import Buckets
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.mining.state_set import StateSet
-from rmsweb_jax.processing.chat import encode_chat, encode_for_training
-from rmsweb_jax.salvage.batches import OLD_LOGPROBS, PromptTokens, anchor_row, policy_rows, salvage_batch
-from rmsweb_jax.salvage.dynamic_sampling import DrawSettings, DynamicSampler
-from rmsweb_jax.salvage.gates import GateSettings
-from rmsweb_jax.salvage.rewards import RewardSettings, score_samples
+from rmsweb_jax.salvage.learner import learner_class
+from rmsweb_jax.salvage.state_prompts import StatePrompts
 from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING
-from rmsweb_jax.stages.sft import check_tokenizer
+from rmsweb_jax.train.tokenizer import check_tokenizer
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # sft's export unless salvage.init names another checkpoint; mine's state set unless salvage.states names a file.
@@ -52,7 +50,6 @@ OUTPUTS = {"salvage/summary.json": None, "salvage/hf": None}
 FRESH_START = ("salvage",)  # a rerun for a change starts afresh (manifest.py)
 
 NAME = "salvage"
-REF_LOGPROBS = "token_ref_logprobs"
 
 
 # config.salvage.train field -> (the config.train field it replaces, the value that keeps config.train's)
@@ -86,43 +83,12 @@ def train_config(config) -> ml_collections.ConfigDict:
     return out
 
 
-class _States:
-    """The state set's prompts, reference encodings and observations, encoded on demand and cached: a
-    state drawn again in a later update is not tokenized (images included) again."""
-
-    def __init__(self, states: StateSet, tokenizer, image_config, prompt_config):
-        self.states, self.tokenizer, self.image_config = states, tokenizer, image_config
-        self.builder = PromptBuilder(prompt_config)
-
-    @functools.lru_cache(maxsize=256)
-    def context(self, index: int):
-        """Returns (messages, observation) of state `index`: the policy's exact prompt, no reflections."""
-        example = self.states.example(index)
-        return self.builder.messages(example.context()), example.step.observation()
-
-    def name(self, index: int) -> str:
-        return self.states[index].state_id
-
-    @functools.lru_cache(maxsize=256)
-    def prompt(self, index: int) -> PromptTokens:
-        enc = encode_chat(self.tokenizer, self.context(index)[0], self.image_config)
-        return PromptTokens.from_encoded(enc, self.name(index), self.image_config.patch_dim)
-
-    @functools.lru_cache(maxsize=256)
-    def reference(self, index: int):
-        try:
-            return encode_for_training(self.tokenizer, self.context(index)[0], self.states[index].reference_text,
-                                       self.image_config)
-        except ValueError as err:
-            raise ValueError(f"state {self.name(index)} of {self.states.path}: {err}") from err
-
-
 def run(config, workdir: pathlib.Path) -> dict:
     """Trains Salvage-DS updates (config.salvage.train over config.train: total_steps, batch size, rate); writes
     summary.json."""
+    from rmsweb_jax.model_init import load_model
     from rmsweb_jax.models.from_config import mesh_from_config
     from rmsweb_jax.sampling.chat_model import ChatModel, default_stop_token_ids
-    from rmsweb_jax.sampling.model_from_config import load_model
     from rmsweb_jax.sampling.sampler import SamplingParams
     from rmsweb_jax.train.loop import Trainer
     from rmsweb_jax.train.loss import resolve_loss_impl
@@ -132,8 +98,9 @@ def run(config, workdir: pathlib.Path) -> dict:
     workdir = storage.as_path(workdir)  # local, or gs:// (Orbax and the HF export write the bucket: train/loop.py)
     cfg = config.salvage
     # Settings and the state set first: a bad value or a missing state set fails before a model loads.
-    reward, gates, draw_settings = RewardSettings.from_config(cfg), GateSettings.from_config(cfg), \
-        DrawSettings.from_config(cfg)
+    learner_type = learner_class(cfg.algorithm)
+    settings = learner_type.settings_from_config(cfg)
+    draw_settings = settings.draw
     loss_settings = RLLossSettings.from_config(cfg.loss)
     run_config = train_config(config)
     batch_size = int(run_config.train.batch_size)
@@ -162,51 +129,20 @@ def run(config, workdir: pathlib.Path) -> dict:
                          max_batch=int(cfg.sample_batch))
         params = SamplingParams(max_new_tokens=int(cfg.max_new_tokens), temperature=float(cfg.temperature),
                                 top_p=float(cfg.top_p))
-        data = _States(states, tokenizer, image_config, prompt_config_from(config))
-
-        def sample_fn(indices, seed):
-            return chat.sample_groups([data.context(i)[0] for i in indices], draw_settings.group_size, params,
-                                      seed=seed)
-
-        def score_fn(index, samples):
-            return score_samples([c.text for c in samples], states[index].reference_action, data.context(index)[1],
-                                 reward, finish_reasons=[c.finish_reason for c in samples])
-
-        sampler = DynamicSampler(len(states), sample_fn, score_fn, draw_settings, gates)
-        if trainer.data_state is not None:
-            sampler.set_state(trainer.data_state)
         buckets = Buckets(config.data.buckets, config.data.bucket_patches, image_config.patch_dim,
                           image_config.merge_size ** 2)
-        trainer.writer.message(f"[salvage] {states!r}; init {trainer.init_dir}; G={draw_settings.group_size}, "
-                               f"B={draw_settings.groups_per_step}, budget {draw_settings.max_draws_per_step} states, "
-                               f"reward {reward.kind}, gates {gates.gates}, anchor {draw_settings.anchor}")
-        totals = {"states_drawn": 0, "groups_accepted": 0, "groups_anchored": 0, "shortfall": 0}
-        while trainer.step_count < trainer.settings.total_steps:
-            draw = sampler.draw()
-            policy = [row for g in draw.accepted
-                      for row in policy_rows(data.prompt(g.state_index), g.samples, g.advantages, g.valid)]
-            anchors = [] if loss_settings.anchor_weight == 0 else [
-                anchor_row(data.reference(g.state_index), tokenizer, data.name(g.state_index), image_config.patch_dim)
-                for g in draw.anchored]
-            batch, info = salvage_batch(policy, anchors, buckets, batch_size, pad_id=pad_id,
-                                        process_index=jax.process_index(), process_count=jax.process_count())
-            batch[OLD_LOGPROBS] = trainer.token_logprobs(batch)
-            if ref_params is not None:
-                batch[REF_LOGPROBS] = trainer.token_logprobs(batch, params=ref_params)
-            metrics = {**draw.metrics(), **{f"rows_{k}": v for k, v in info.metrics().items() if k != "length"}}
-            if chat.resync_seconds is not None:  # the decode copy remade from the last update's weights (a mesh)
-                metrics["decode_resync_s"] = chat.resync_seconds
-            trainer.step(batch, sampler.get_state(), host_metrics=metrics)
-            trainer.sync_model(chat.model)  # the step donated the old parameters
-            chat.refresh()
-            for key in totals:
-                totals[key] += int(metrics[key])
+        learner = learner_type(trainer, chat, StatePrompts(states, tokenizer, image_config, prompt_config_from(config)),
+                               settings, sampling=params, buckets=buckets, batch_size=batch_size, pad_id=pad_id,
+                               ref_params=ref_params)
+        trainer.writer.message(f"[salvage] {states!r}; init {trainer.init_dir}; {learner.describe()}")
+        totals = learner.run()
         result = trainer.finish()
     finally:
         trainer.close()
         states.close()
     summary = {"steps": result.step, "resumed_from": result.resumed_from, "states": len(states),
-               "init_dir": str(trainer.init_dir), "sampler_state": sampler.get_state(),
+               "init_dir": str(trainer.init_dir), "algorithm": learner.algorithm,
+               "sampler_state": learner.sampler.get_state(),
                "this_run": totals, "last_metrics": result.last_metrics,
                "hf_dir": None if result.hf_dir is None else str(result.hf_dir)}
     if jax.process_index() == 0:

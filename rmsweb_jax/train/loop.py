@@ -39,7 +39,7 @@ from flax import nnx
 
 from rmsweb_jax import storage
 from rmsweb_jax.models.from_config import runtime_from_config
-from rmsweb_jax.sampling.model_from_config import load_model
+from rmsweb_jax.model_init import load_model
 from rmsweb_jax.models.from_config import mesh_from_config, rules_from_config
 from rmsweb_jax.models.qwen3_vl import Qwen3VLConfig, abstract_model, to_hf
 from rmsweb_jax.train import aux_metrics

@@ -22,10 +22,12 @@ from rmsweb_jax.agents.http_policy import HttpPolicy
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.collect.retries import RetryCollector
 from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.judges.from_config import judge_from_config, judge_spec
 from rmsweb_jax.judges.llm import image_bytes
 from rmsweb_jax.stages import collect as stage
 from rmsweb_jax.suites import load_online_mind2web, load_webtailbench, load_webvoyager
 from rmsweb_jax.suites.download import DEFAULT_TASK_FILES
+from rmsweb_jax.suites.from_config import live_tasks
 from rmsweb_jax.suites.http_server import LocalHTTPServer
 from rmsweb_jax.suites.live import LiveSuite
 from rmsweb_jax.suites.task import Task
@@ -298,20 +300,20 @@ def test_official_judges_per_suite():
     for suite, official in (("webvoyager", "webvoyager"), ("online_mind2web", "webjudge"),
                             ("webtailbench", "webtailbench")):
         c.suite, c.judge = suite, "https://judge.example/v1#qwen3-vl-32b"
-        assert stage.judge_spec(c) == (official, "https://judge.example/v1#qwen3-vl-32b")
+        assert judge_spec(c) == (official, "https://judge.example/v1#qwen3-vl-32b")
         c.judge = "webjudge:http://127.0.0.1:8001/v1#m"  # another LLM judge, named
-        assert stage.judge_spec(c) == ("webjudge", "http://127.0.0.1:8001/v1#m")
-        assert stage.make_judge(c).name == "webjudge"
+        assert judge_spec(c) == ("webjudge", "http://127.0.0.1:8001/v1#m")
+        assert judge_from_config(c).name == "webjudge"
     c.suite, c.judge = "miniwob", ""
-    assert stage.judge_spec(c) == ("programmatic", None)
+    assert judge_spec(c) == ("programmatic", None)
     with pytest.raises(ValueError, match="takes no endpoint"):
         c.judge = "http://127.0.0.1:8001/v1#m"
-        stage.judge_spec(c)
+        judge_spec(c)
     c.judge = "webvoyager:http://127.0.0.1:8001/v1#m"  # MiniWoB++ may be judged by an LLM when asked
-    assert stage.judge_spec(c) == ("webvoyager", "http://127.0.0.1:8001/v1#m")
+    assert judge_spec(c) == ("webvoyager", "http://127.0.0.1:8001/v1#m")
     c.judge = "gpt-judge:http://x/v1#m"
     with pytest.raises(ValueError, match="unknown judge 'gpt-judge'"):
-        stage.judge_spec(c)
+        judge_spec(c)
 
 
 def test_live_task_selection_from_the_benchmark_files(tmp_path, benchmark_files, monkeypatch):
@@ -320,23 +322,23 @@ def test_live_task_selection_from_the_benchmark_files(tmp_path, benchmark_files,
     c = base_config().collect
     c.suite, c.task_list = "webvoyager", str(bench / "webvoyager" / "WebVoyager_data.jsonl")
     c.tasks, c.reference_answers = "Amazon--0, Allrecipes--3", str(bench / "webvoyager" / "reference_answer.json")
-    tasks = stage.live_tasks(c)
+    tasks = live_tasks(c)
     assert [t.id for t in tasks] == ["Amazon--0", "Allrecipes--3"] and all(t.reference_answer for t in tasks)
     c.tasks, c.reference_answers, c.limit = "", "", 5
-    assert [t.id for t in stage.live_tasks(c)] == [f"Allrecipes--{i}" for i in range(5)]
+    assert [t.id for t in live_tasks(c)] == [f"Allrecipes--{i}" for i in range(5)]
     c.tasks = "Allrecipes--9999"
     with pytest.raises(ValueError, match=r"\['Allrecipes--9999'\] are not in .*WebVoyager_data.jsonl"):
-        stage.live_tasks(c)
+        live_tasks(c)
     c.suite, c.tasks, c.limit = "online_mind2web", "", 3
     c.task_list = str(bench / "online_mind2web" / "fara_Online_Mind2Web_06042025.json")
-    assert [t.suite for t in stage.live_tasks(c)] == ["online_mind2web"] * 3
+    assert [t.suite for t in live_tasks(c)] == ["online_mind2web"] * 3
     c.suite, c.task_list = "webtailbench", str(bench / "webtailbench" / "stagehand_WebTailBench_data.jsonl")
-    assert all(t.rubric for t in stage.live_tasks(c))
+    assert all(t.rubric for t in live_tasks(c))
     c.task_list = ""
     with pytest.raises(ValueError, match=r"collect.task_list is empty and the webtailbench task file is not in the "
                                          r"default data dir \(.*no-data/webtailbench/stagehand_WebTailBench_data"
                                          r"\.jsonl.*`python -m rmsweb_jax.suites.download --suite=webtailbench`"):
-        stage.live_tasks(c)
+        live_tasks(c)
     # The rubric judge on a rubric-less edition fails before any browser starts.
     config = base_config()
     config.collect.suite, config.collect.judge, config.collect.policy = "webtailbench", "http://127.0.0.1:9/v1#j", \
@@ -359,7 +361,7 @@ def test_an_empty_task_list_reads_the_downloaded_file_of_the_default_data_dir(tm
                "webtailbench": load_webtailbench}
     for suite, load in loaders.items():
         c.suite = suite
-        assert stage.live_tasks(c) == load(data / DEFAULT_TASK_FILES[suite])[:4]
+        assert live_tasks(c) == load(data / DEFAULT_TASK_FILES[suite])[:4]
     c.task_list = str(tmp_path / "missing.jsonl")  # a named file is never replaced by the default
     with pytest.raises(ValueError, match=r"missing.jsonl'?: no such file .*--suite=webtailbench"):
-        stage.live_tasks(c)
+        live_tasks(c)

@@ -108,13 +108,15 @@ def test_stage_config_errors_are_named(tmp_path):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "configs"))
     from common import base_config
 
+    from rmsweb_jax.judges.from_config import judge_from_config
     from rmsweb_jax.stages import collect as stage
+    from rmsweb_jax.suites.from_config import miniwob_tasks
     config = base_config()
     config.collect.tasks = "click-button,no-such-task"
     with pytest.raises(ValueError, match=r"'miniwob.no-such-task' has no page"):
-        stage.miniwob_tasks(config.collect)
+        miniwob_tasks(config.collect)
     config.collect.tasks = "click-button"
-    assert [t.id for t in stage.miniwob_tasks(config.collect)] == ["miniwob.click-button"]
+    assert [t.id for t in miniwob_tasks(config.collect)] == ["miniwob.click-button"]
     config.collect.policy = "gpt:4"
     with pytest.raises(ValueError, match=r"collect.policy 'gpt:4': expected 'teacher'"):
         stage.make_policy(config, tmp_path, ["miniwob.click-button"])
@@ -126,14 +128,14 @@ def test_stage_config_errors_are_named(tmp_path):
         stage.make_policy(config, tmp_path, ["miniwob.book-flight"])
     config.collect.success = "mostly"
     with pytest.raises(ValueError, match=r"collect.success 'mostly': expected one of \['positive_reward', 'solved'\]"):
-        stage.make_judge(config.collect)
+        judge_from_config(config.collect)
     config.collect.success = "positive_reward"
-    assert stage.make_judge(config.collect).success == "positive_reward"
+    assert judge_from_config(config.collect).success == "positive_reward"
     config.collect.judge = "programmatic:http://x#y"
     with pytest.raises(ValueError, match="takes no endpoint"):
-        stage.make_judge(config.collect)
+        judge_from_config(config.collect)
     config.collect.judge = "webvoyager:http://127.0.0.1:9/v1#judge"
-    assert stage.make_judge(config.collect).name == "webvoyager"
+    assert judge_from_config(config.collect).name == "webvoyager"
     config.collect.suite = "mind2web"
     with pytest.raises(ValueError, match=r"collect.suite 'mind2web': expected one of"):
         stage.run(config, tmp_path)

@@ -75,7 +75,7 @@ def test_the_tokenizer_travels_with_the_checkpoint(tmp_path, preset, vocab):
     from configs.common import base_config
     from rmsweb_jax.models import qwen3_vl
     from rmsweb_jax.sampling.chat_model import ChatModel
-    from rmsweb_jax.sampling.model_from_config import load_model
+    from rmsweb_jax.model_init import load_model
     config = base_config()
     config.model.init = f"random:{preset}"
     config.mesh.shape = (1, 1, 1)

@@ -76,7 +76,7 @@ def _wait(runs: list[list[tuple]]) -> None:
 def tiny_checkpoint(tmp_path_factory) -> pathlib.Path:
     """Returns the folder of the random tiny model, written once (every run loads the same weights)."""
     from configs.common import base_config
-    from rmsweb_jax.sampling.model_from_config import load_model
+    from rmsweb_jax.model_init import load_model
     c = base_config()
     c.model.init, c.mesh.shape = "random:tiny", (1, 1, 1)
     return load_model(c, tmp_path_factory.mktemp("tiny"))[1]

@@ -12,7 +12,7 @@ def tiny_checkpoint(tmp_path_factory):
     """Returns the directory of an HF-format random tiny Qwen3-VL (what 'random:tiny' writes)."""
     from common import base_config
 
-    from rmsweb_jax.sampling.model_from_config import load_model
+    from rmsweb_jax.model_init import load_model
     config = base_config()
     config.mesh.shape = (1, 1, 1)
     _, path = load_model(config, tmp_path_factory.mktemp("tiny_init"))

@@ -1,7 +1,9 @@
-"""The policy model a stage starts from, as the config says: an HF checkpoint or a random preset.
+"""The policy model a stage starts from, as config.model.init says: an HF checkpoint or a random preset.
 
-Above `models/`: a random preset is written to disk with a tokenizer (`processing/`) first, so that
-the demo loads through the same `from_hf` path as a real checkpoint."""
+Beside `models/` on the lowest layer, not inside it: a random preset is written to disk with a tokenizer
+(`processing/`) first, so that the demo loads through the same `from_hf` path as a real checkpoint, and
+models/ never imports processing/ (.importlinter). The trainer (train/), the sampler (sampling/) and the
+stages all load their model here."""
 from __future__ import annotations
 
 import functools

@@ -34,10 +34,10 @@ from bench.report import emit  # noqa: E402
 
 def pipeline_rate(view, indices, data, *, tokenizer_dir, image_config, prompt_config, rows, batches: int) -> dict:
     """Returns examples/s, tokens/s and start-up seconds of the pipeline over `batches` timed batches."""
-    from rmsweb_jax.data.sft import SFTBatches
+    from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches
     start = time.perf_counter()
-    with SFTBatches(view, indices, data, tokenizer_dir=tokenizer_dir, image_config=image_config, rows=rows,
-                    prompt_config=prompt_config) as it:
+    encoder = EncodeSFTExample(tokenizer_dir, image_config, prompt_config, mask=data.mask)
+    with SFTBatches(view, indices, data, encoder, rows=rows) as it:
         next(it)
         startup = time.perf_counter() - start
         tokens, t0 = 0, time.perf_counter()
@@ -72,7 +72,7 @@ def main() -> None:
 
     from rmsweb_jax.agents.prompt import prompt_config_from
     from rmsweb_jax.collect.sft_view import SFTView
-    from rmsweb_jax.data.sft import SFTBatches, SFTDataConfig
+    from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches, SFTDataConfig
     from rmsweb_jax.collect.store_fixture import write_synthetic_store
     from rmsweb_jax.train.tokenizer import check_tokenizer
     from rmsweb_jax.train.loop import Trainer
@@ -102,8 +102,8 @@ def main() -> None:
             print(f"pipeline, {workers} workers: {r['examples_per_s']:.1f} examples/s, {r['tokens_per_s']:.0f} "
                   f"tokens/s (start-up {r['startup_s']:.1f} s)", flush=True)
         warmup = 1
-        with SFTBatches(view, indices, data, tokenizer_dir=trainer.init_dir, image_config=image_config,
-                        rows=rows, prompt_config=prompt_config_from(config)) as it:
+        encoder = EncodeSFTExample(trainer.init_dir, image_config, prompt_config_from(config), mask=data.mask)
+        with SFTBatches(view, indices, data, encoder, rows=rows) as it:
             host_batches = [next(it) for _ in range(warmup + steps)]
         shape = host_batches[0]["input_ids"].shape
         try:

@@ -1,5 +1,6 @@
 """Defaults shared by every config, each written once here: model runtime, mesh, sharding rules, prompt, stages."""
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 from rmsweb_jax.models.sharding import DEFAULT_RULES
 
@@ -243,13 +244,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.salvage.loss.aggregation = "token_mean"  # token_mean | sequence_mean_token_mean
     c.salvage.loss.kl_beta = 0.0          # k3 KL to the frozen SFT policy; 0 = off (no reference forward pass)
     c.salvage.loss.anchor_weight = 0.1    # lambda: weight of the action-only anchor NLL on anchor rows
-    # Salvage-DS's own values over config.train (which the sft stage reads); 0 (or -1) = config.train's value.
+    # Salvage-DS's own values over config.train (which the sft stage reads). None (the one sentinel: 0 is a
+    # real warmup_steps and end_lr_fraction) keeps config.train's value; a placeholder still takes its type's
+    # value from the command line (--config.salvage.train.batch_size=48).
     c.salvage.train = ml_collections.ConfigDict()
-    c.salvage.train.batch_size = 0        # rows per update: >= B x G policy rows; what is left holds anchor rows
-    c.salvage.train.total_steps = 0       # updates (config.train.optimizer.total_steps)
-    c.salvage.train.lr = 0.0              # peak learning rate (config.train.optimizer.lr)
-    c.salvage.train.warmup_steps = -1     # (config.train.optimizer.warmup_steps)
-    c.salvage.train.end_lr_fraction = -1.0  # (config.train.optimizer.end_lr_fraction)
+    c.salvage.train.batch_size = placeholder(int)  # rows per update: >= B x G policy rows; the rest holds anchor rows
+    c.salvage.train.total_steps = placeholder(int)  # updates (config.train.optimizer.total_steps)
+    c.salvage.train.lr = placeholder(float)  # peak learning rate (config.train.optimizer.lr)
+    c.salvage.train.warmup_steps = placeholder(int)  # (config.train.optimizer.warmup_steps)
+    c.salvage.train.end_lr_fraction = placeholder(float)  # (config.train.optimizer.end_lr_fraction)
     return c
 
 

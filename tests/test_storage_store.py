@@ -8,9 +8,10 @@ import uuid
 
 from rmsweb_jax import storage
 from rmsweb_jax.collect.sft_view import SFTView
-from rmsweb_jax.collect.store import STEPS, STORE_FILE, TRAJECTORIES, StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import STEPS, STORE_FILE, TRAJECTORIES, TrajectoryStore
 from rmsweb_jax.collect.store_fixture import retry_group as group
 from rmsweb_jax.collect.store_layout import marker_name, shard_name
+from tests.settings import COLLECT, store_writer
 
 
 def _other_host(monkeypatch, tmp_path, name):
@@ -21,7 +22,7 @@ def _other_host(monkeypatch, tmp_path, name):
 def test_a_store_on_the_bucket_round_trips_and_another_host_reads_it(gcs_emulator, tmp_path, monkeypatch):
     remote = f"{gcs_emulator}/{uuid.uuid4().hex}/store"
     groups = [group(f"task{i}", i % 2, solved_at=[1, 2, None][i % 3]) for i in range(4)]
-    with StoreWriter(remote, flush_every_tasks=2, flush_every_s=3600, policy="teacher") as store:
+    with store_writer(remote, flush_every_tasks=2, flush_every_s=3600, policy="teacher") as store:
         for g in groups:
             store.add_group(g)
         store.claim_retry_mode("reflection")
@@ -38,7 +39,7 @@ def test_a_store_on_the_bucket_round_trips_and_another_host_reads_it(gcs_emulato
     view = SFTView(remote)  # Grain reads the mirror's shards
     assert len(view) == sum(len(s) for g in groups for t, s in g if t.success)
     assert view[0].step == steps[view[0].request_id][view[0].step.step]
-    with StoreWriter(remote, flush_every_tasks=1, policy="teacher") as store:  # a resumed collection
+    with store_writer(remote, flush_every_tasks=1, policy="teacher") as store:  # a resumed collection
         store.add_group(group("task9", 0, solved_at=1))
     _other_host(monkeypatch, tmp_path, "host3")
     assert TrajectoryStore(remote).committed_flushes() == [1, 2, 3]
@@ -54,7 +55,7 @@ def test_a_writer_killed_before_its_marker_reaches_the_bucket_leaves_whole_flush
         from rmsweb_jax import storage
         from rmsweb_jax.collect.store import StoreWriter
         from rmsweb_jax.collect.store_fixture import retry_group as group
-        w = StoreWriter({remote!r}, flush_every_tasks=1)
+        w = StoreWriter({remote!r}, flush_every_tasks=1, flush_every_s={COLLECT.flush_every_s!r})
         w.add_group(group("a", 0, solved_at=1))
         real = storage.upload
         def dying(local, dest):
@@ -71,7 +72,7 @@ def test_a_writer_killed_before_its_marker_reaches_the_bucket_leaves_whole_flush
     # The killed writer's own mirror holds the marker; the bucket decides: a pull drops it.
     assert (storage.mirror_dir(remote) / marker_name(2)).exists()
     assert TrajectoryStore(remote).finished_task_keys() == {("a", 0)}
-    with StoreWriter(remote) as store:
+    with store_writer(remote) as store:
         assert store.removed_orphans == sorted([shard_name(STEPS, 2), shard_name(TRAJECTORIES, 2)])
         store.add_group(group("b", 0, solved_at=2))
     _other_host(monkeypatch, tmp_path, "fresh")
@@ -81,7 +82,7 @@ def test_a_writer_killed_before_its_marker_reaches_the_bucket_leaves_whole_flush
 def test_the_check_command_reads_a_bucket_store_and_repair_asks_for_a_local_copy(gcs_emulator, capsys):
     from rmsweb_jax.collect.store_check import main
     remote = f"{gcs_emulator}/{uuid.uuid4().hex}/store"
-    with StoreWriter(remote, flush_every_tasks=1) as store:
+    with store_writer(remote, flush_every_tasks=1) as store:
         store.add_group(group("a", 0, solved_at=1))
     assert main(["--check", remote]) == 0
     assert main(["--repair", remote]) == 2

@@ -57,6 +57,7 @@ from rmsweb_jax.agents.policy import Policy, PolicyOutput, ReflectionRequest
 from rmsweb_jax.collect.adapter import AttemptSpec, PolicyBridge, split_turn
 from rmsweb_jax.collect.records import FAULT_JUDGE, StepRecord, TrajectoryRecord, request_id, task_key
 from rmsweb_jax.collect.store import PLAIN, RETRY_MODES, StoreWriter, check_policy
+from rmsweb_jax.config_block import block_fields
 from rmsweb_jax.judges.base import ERROR, Judge, JudgeInput, Verdict
 from rmsweb_jax.web.episode import Episode, EpisodeRequest
 from rmsweb_jax.web.loop_thread import run_sync
@@ -108,38 +109,63 @@ class _Group:
         return len(self.attempts) + 1
 
 
+@dataclasses.dataclass(frozen=True)
+class CollectSettings:
+    """config.collect's settings of the retry loop, validated. No defaults: configs/common.py holds them
+    (`from_config`); eval and rollouts replace what they play differently (one attempt, their max_steps)."""
+
+    attempts: int  # K: attempt 1 + up to K-1 retries
+    retry_mode: str  # RETRY_MODES
+    workers: int  # browser workers, and the policy's batch size
+    max_steps: int
+    step_timeout_s: float  # one action plus its observation (the workers' WorkerConfig)
+    batch_window_s: float  # how long a policy batch waits for more workers' steps
+    pool_max_attempts: int  # runs of an episode the browser pool makes when browsers crash
+    fault_reruns: int  # then whole reruns of the attempt (same number, never a retry)
+    progress: bool
+
+    def __post_init__(self):
+        if self.retry_mode not in RETRY_MODES:
+            raise ValueError(f"config.collect.retry_mode must be one of {list(RETRY_MODES)}, got {self.retry_mode!r}")
+        for name, low in (("attempts", 1), ("workers", 1), ("max_steps", 1), ("pool_max_attempts", 1),
+                          ("fault_reruns", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"config.collect.{name} must be >= {low}, got {getattr(self, name)!r}")
+        if self.step_timeout_s <= 0 or self.batch_window_s < 0:
+            raise ValueError(f"config.collect.step_timeout_s = {self.step_timeout_s!r} must be > 0 and "
+                             f"batch_window_s = {self.batch_window_s!r} >= 0")
+
+    @classmethod
+    def from_config(cls, collect) -> "CollectSettings":
+        """Returns the settings of a config.collect-shaped block (each field read under its own name)."""
+        return cls(**block_fields(cls, collect, "config.collect"))
+
+    def worker_config(self) -> WorkerConfig:
+        """Returns the browser workers' settings."""
+        return WorkerConfig(step_timeout_s=self.step_timeout_s)
+
+
 class RetryCollector:
     """Collects trajectories with reflection-conditioned (or, retry_mode "plain", reflection-free)
     retries into a StoreWriter.
 
-        with StoreWriter(workdir / "store") as store:
-            summary = RetryCollector(suite, policy, judge, store, attempts=3, workers=2).run(tasks, seeds)
+        collect = CollectSettings.from_config(config.collect)
+        with StoreWriter(workdir / "store", flush_every_tasks=8, flush_every_s=30.0) as store:
+            summary = RetryCollector(suite, policy, judge, store, collect).run(tasks, seeds)
     """
 
-    def __init__(self, suite: Suite, policy: Policy, judge: Judge, store: StoreWriter, *, attempts: int = 3,
-                 workers: int = 2, max_steps: int = 15, worker_config: WorkerConfig | None = None,
-                 batch_window_s: float = 0.02, fallback_wait_s: float = 0.0, pool_max_attempts: int = 3,
-                 fault_reruns: int = 1, progress: bool = True, retry_mode: str = "reflection"):
-        if retry_mode not in RETRY_MODES:
-            raise ValueError(f"retry_mode must be one of {list(RETRY_MODES)}, got {retry_mode!r}")
-        if attempts < 1:
-            raise ValueError(f"attempts (K) must be >= 1, got {attempts!r}")
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers!r}")
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps!r}")
-        if fault_reruns < 0:
-            raise ValueError(f"fault_reruns must be >= 0, got {fault_reruns!r}")
+    def __init__(self, suite: Suite, policy: Policy, judge: Judge, store: StoreWriter, settings: CollectSettings):
         check_policy(store.directory, store.meta, policy.name)  # one store, one policy (see store.py)
-        store.claim_retry_mode(retry_mode)  # one store, one retry mode; raises StoreError for another
-        self.retry_mode = retry_mode
+        store.claim_retry_mode(settings.retry_mode)  # one store, one retry mode; raises StoreError for another
+        self.settings = settings
+        self.retry_mode = settings.retry_mode
         self.suite, self.policy, self.judge, self.store = suite, policy, judge, store
-        self.attempts, self.workers, self.max_steps = attempts, workers, max_steps
-        self.worker_config = worker_config
-        self.pool_max_attempts, self.fault_reruns = pool_max_attempts, fault_reruns
-        self.progress = progress
+        self.attempts, self.workers, self.max_steps = settings.attempts, settings.workers, settings.max_steps
+        self.worker_config = settings.worker_config()
+        self.pool_max_attempts, self.fault_reruns = settings.pool_max_attempts, settings.fault_reruns
+        self.progress = settings.progress
         self.pool: AsyncWorkerPool | None = None  # the browser pool while run() is in progress
-        self.bridge = PolicyBridge(policy, max_batch=workers, window_s=batch_window_s, fallback_wait_s=fallback_wait_s)
+        self.bridge = PolicyBridge(policy, max_batch=settings.workers, window_s=settings.batch_window_s)
 
     def run(self, tasks: Sequence[Any], seeds: Sequence[int]) -> CollectSummary:
         """Returns the summary after every (task, seed) not yet in the store is collected."""

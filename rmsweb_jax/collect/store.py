@@ -202,7 +202,7 @@ class TrajectoryStore:
 class StoreWriter(TrajectoryStore):
     """Appends task groups to a store folder (creating it), committing several groups per flush.
 
-        with StoreWriter("workdir/store", flush_every_tasks=8, policy=policy.name) as store:
+        with StoreWriter("workdir/store", flush_every_tasks=8, flush_every_s=30.0, policy=policy.name) as store:
             todo = [k for k in keys if k not in store.finished_task_keys()]
             store.add_group([(trajectory, steps), ...])   # every attempt of one task and seed
 
@@ -210,11 +210,12 @@ class StoreWriter(TrajectoryStore):
     `policy` (the collecting policy's name) is recorded when the store is created; opening a
     store of another policy raises StoreError. `provenance` (store_provenance.provenance) is
     recorded at creation and compared (a warning) on later opens. Groups wait in memory until
-    `flush_every_tasks` groups are buffered or the oldest has waited `flush_every_s`; close()
-    (also on an exception) commits what is buffered. One writer per folder (an flock).
+    `flush_every_tasks` groups are buffered or the oldest has waited `flush_every_s` (no defaults here:
+    config.collect.flush_every_tasks / flush_every_s hold them); close() (also on an exception) commits
+    what is buffered. One writer per folder (an flock).
     """
 
-    def __init__(self, directory: str | os.PathLike, *, flush_every_tasks: int = 8, flush_every_s: float = 30.0,
+    def __init__(self, directory: str | os.PathLike, *, flush_every_tasks: int, flush_every_s: float,
                  policy: str | None = None, provenance: dict[str, Any] | None = None):
         if flush_every_tasks < 1:
             raise ValueError(f"flush_every_tasks must be >= 1, got {flush_every_tasks!r}")

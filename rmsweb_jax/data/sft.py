@@ -2,8 +2,8 @@
 
     view = SFTView("workdir/store")
     split = split_by_task(view, held_out_fraction=0.2, seed=0)
-    with SFTBatches(view, split.train, data_config, tokenizer_dir=ckpt, image_config=images, rows=8,
-                    prompt_config=prompt_config_from(config)) as batches:
+    encoder = EncodeSFTExample(ckpt, images, prompt_config_from(config), mask=data_config.mask)
+    with SFTBatches(view, split.train, data_config, encoder, rows=8) as batches:
         trainer.fit(batches)                # batches: the trainer's BatchSource (get_state / set_state)
 
 A Grain pipeline over `SFTView` (the successful steps, reflection-free):
@@ -38,6 +38,7 @@ from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import PromptBuilder, PromptConfig
 from rmsweb_jax.collect.sft_view import ATTEMPT_CHOICES, SFTExample, SFTView
 from rmsweb_jax.collect.store_provenance import check_provenance, provenance
+from rmsweb_jax.config_block import block_fields
 from rmsweb_jax.data.batching import BATCHING_MODES, TOO_LONG_MODES, Buckets, batch_dataset
 from rmsweb_jax.processing.chat import MASK_MODES, encode_for_training
 from rmsweb_jax.processing.image import ImageProcessorConfig
@@ -46,22 +47,22 @@ from rmsweb_jax.processing.image import ImageProcessorConfig
 @dataclasses.dataclass(frozen=True)
 class SFTDataConfig:
     """config.data, validated: where the store is, which successful attempts, the loss mask, batch
-    shapes, order, workers."""
+    shapes, order, workers. No defaults: configs/common.py holds them (`from_config`)."""
 
     store_dir: str
-    attempts: str = "all"
-    mask: str = "thought_and_action"
-    batching: str = "bucket"
-    buckets: tuple[int, ...] = (2048, 4096, 8192)
-    bucket_patches: tuple[int, ...] = (4096, 8192, 16384)
-    too_long: str = "error"
-    seed: int = 0
-    held_out_fraction: float = 0.0
-    split_seed: int = 0
-    worker_count: int = 0
-    worker_buffer_size: int = 2
-    read_threads: int = 1
-    read_buffer_size: int = 8
+    attempts: str
+    mask: str
+    batching: str
+    buckets: tuple[int, ...]
+    bucket_patches: tuple[int, ...]
+    too_long: str
+    seed: int
+    held_out_fraction: float
+    split_seed: int
+    worker_count: int
+    worker_buffer_size: int
+    read_threads: int
+    read_buffer_size: int
 
     def __post_init__(self):
         for name, allowed in (("attempts", tuple(ATTEMPT_CHOICES)), ("mask", MASK_MODES),
@@ -83,11 +84,7 @@ class SFTDataConfig:
         """Returns the settings of `config.data` (store_dir "" = <workdir>/store, collect's store)."""
         if data is None:
             raise ValueError("config has no 'data' block (see configs/common.py)")
-        d = dict(data.to_dict() if hasattr(data, "to_dict") else data)
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"config.data has unknown key(s) {unknown}; known: {sorted(names)}")
+        d = block_fields(cls, data, "config.data", exact=True, optional=("store_dir",))
         d["store_dir"] = str(d.get("store_dir") or storage.as_path(workdir) / "store")
         return cls(**d)
 
@@ -110,7 +107,7 @@ class Split:
     held_out_keys: tuple[tuple[str, int], ...]
 
 
-def split_by_task(view: SFTView, held_out_fraction: float, seed: int = 0) -> Split:
+def split_by_task(view: SFTView, held_out_fraction: float, seed: int) -> Split:
     """Returns the split holding out round(fraction x groups) task groups (at least one when fraction > 0),
     chosen by a seeded permutation of the sorted (task id, seed) keys: the same store and seed give the
     same split. Raises ValueError when nothing would be left to train on."""
@@ -158,7 +155,7 @@ class IndexedSource:
 
 # ---- one example ----------------------------------------------------------------------------------------
 def encode_example(tokenizer, builder: PromptBuilder, image_config: ImageProcessorConfig, example: SFTExample,
-                   mask: str = "thought_and_action") -> dict[str, Any]:
+                   mask: str) -> dict[str, Any]:
     """Returns the encoded example (see data/batching.py): the prompt every stage samples with (no
     reflections) + the stored assistant turn, tokenized through the chat template with its loss mask."""
     messages = builder.messages(example.context())
@@ -191,7 +188,7 @@ class EncodeSFTExample(grain.transforms.Map):
     """
 
     def __init__(self, tokenizer_dir: str | pathlib.Path, image_config: ImageProcessorConfig,
-                 prompt_config: PromptConfig, mask: str = "thought_and_action"):
+                 prompt_config: PromptConfig, mask: str):
         if mask not in MASK_MODES:
             raise ValueError(f"config.data.mask = {mask!r}; expected one of {list(MASK_MODES)}")
         self.tokenizer_dir, self.image_config = str(tokenizer_dir), image_config
@@ -242,18 +239,22 @@ def ensure_flags_parsed() -> None:
 class SFTBatches:
     """The trainer's batch source over SFT examples: contract batches of `rows` rows, resumable.
 
-    `rows` is this process's share of the global batch (config.train.batch_size / process count).
+    `encoder` turns a stored step into tokens (the model's tokenizer and image processor, the prompt
+    every stage builds, config.data.mask); `rows` is this process's share of the global batch
+    (config.train.batch_size / process count).
     Iterating starts the Grain pipeline (worker processes when config.data.worker_count > 0);
     `close()` (or the context manager) stops them.
     """
 
-    def __init__(self, view: SFTView, indices: Sequence[int], cfg: SFTDataConfig, *,
-                 tokenizer_dir: str | pathlib.Path, image_config: ImageProcessorConfig, rows: int,
-                 prompt_config: PromptConfig, pad_id: int = 0, process_index: int = 0,
-                 process_count: int = 1, epochs: int | None = None):
+    def __init__(self, view: SFTView, indices: Sequence[int], cfg: SFTDataConfig, encoder: EncodeSFTExample, *,
+                 rows: int, pad_id: int = 0, process_index: int = 0, process_count: int = 1,
+                 epochs: int | None = None):
+        if encoder.mask != cfg.mask:
+            raise ValueError(f"the encoder masks {encoder.mask!r} but config.data.mask = {cfg.mask!r}: build it "
+                             "with mask=config.data.mask")
         self.cfg, self.rows = cfg, rows
-        encoder = EncodeSFTExample(tokenizer_dir, image_config, prompt_config, cfg.mask)
-        check_provenance(view.store_dir, provenance(prompt_config, encoder.tokenizer, image_config))  # warns
+        image_config = encoder.image_config
+        check_provenance(view.store_dir, provenance(encoder.builder.config, encoder.tokenizer, image_config))  # warns
         examples = example_dataset(view, indices, encoder, seed=cfg.seed, process_index=process_index,
                                    process_count=process_count, epochs=epochs)
         self.examples_per_epoch = len(indices) // process_count  # this host's

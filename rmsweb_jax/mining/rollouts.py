@@ -46,8 +46,8 @@ from typing import Any, Iterable, Sequence
 from rmsweb_jax.agents.policy import Policy
 from rmsweb_jax.collect.records import StepRecord, TrajectoryRecord
 from rmsweb_jax.collect.report import check_store_success_rule
-from rmsweb_jax.collect.retries import CollectSummary, RetryCollector
-from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.retries import CollectSettings, CollectSummary, RetryCollector
+from rmsweb_jax.collect.store import REFLECTION, StoreWriter, TrajectoryStore
 from rmsweb_jax.collect.store_layout import STORE_FILE
 from rmsweb_jax.collect.store_provenance import policy_provenance
 from rmsweb_jax.judges.base import ERROR, Judge
@@ -56,7 +56,6 @@ from rmsweb_jax.mining.taxonomy import category_failure_mode, episode_failure_mo
 from rmsweb_jax.suites.task import Task
 from rmsweb_jax.web.semantics import Comparison, compare_actions
 from rmsweb_jax.web.suite import Suite
-from rmsweb_jax.web.worker import WorkerConfig
 
 ROLLOUTS_DIR = pathlib.Path("mine", "rollouts")
 # What the ScriptedTeacher's detours do (agents/teacher.py): actions that change nothing a task checks.
@@ -121,10 +120,8 @@ def run_rollouts(config, workdir: str | os.PathLike, policy: Policy, tasks_and_s
     with StoreWriter(target, flush_every_tasks=cfg.flush_every_tasks, flush_every_s=cfg.flush_every_s,
                      policy=policy.name, provenance=policy_provenance(policy)) as store:
         check_store_success_rule(store.trajectories(), cfg.success, target)
-        collector = RetryCollector(
-            suite, policy, judge, store, attempts=1, workers=cfg.workers, max_steps=cfg.max_steps,
-            worker_config=WorkerConfig(step_timeout_s=cfg.step_timeout_s), batch_window_s=cfg.batch_window_s,
-            pool_max_attempts=cfg.pool_max_attempts, fault_reruns=cfg.fault_reruns, progress=cfg.progress)
+        settings = dataclasses.replace(CollectSettings.from_config(cfg), attempts=1, retry_mode=REFLECTION)
+        collector = RetryCollector(suite, policy, judge, store, settings)
         summary = collector.run_pairs(pairs)
     host_shares.merge_when_played(store_dir, "rollouts")
     return store_dir, summary

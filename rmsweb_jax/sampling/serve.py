@@ -68,6 +68,66 @@ def checked_max_tokens_buckets(buckets: Sequence[int] | None, limit: int) -> tup
     return sizes
 
 
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+    """What a ChatServer binds, accepts and batches, validated. No defaults here: SERVE_DEFAULTS holds them
+    once, and the CLI's flags take theirs from it (`from_flags`).
+
+    `max_tokens_buckets` (empty: `default_max_tokens_buckets(max_tokens_limit)`) are the generation lengths
+    compiled for; the largest must hold max_tokens_limit. `model_name` (None: the chat model's name) is
+    the id /v1/models lists and replies carry; a request naming another model gets a 404.
+    """
+
+    host: str
+    port: int  # 0: any free port
+    api_key: str | None  # requests must send 'Authorization: Bearer <key>' (None: no key)
+    model_name: str | None
+    max_batch: int  # requests batched into one generation at most
+    batch_window_s: float  # how long a batch waits for more requests
+    max_tokens_limit: int  # the largest max_tokens a request may ask for
+    max_tokens_buckets: tuple[int, ...]
+    default_max_tokens: int  # a request's max_tokens when it names none (at most max_tokens_limit)
+    max_n: int  # choices a request may ask for
+    max_body_bytes: int
+    max_image_pixels: int  # pixels (width x height) an image may have, read from its header
+    max_prompt_bytes: int  # UTF-8 bytes of text a request may hold, counted before tokenizing
+    max_pending: int  # requests in progress (bodies being read, queued, generating); more get a 429
+    request_timeout_s: float
+
+    def __post_init__(self):
+        for name in ("max_body_bytes", "max_tokens_limit", "max_batch", "max_image_pixels", "max_prompt_bytes",
+                     "max_pending", "max_n"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.batch_window_s < 0:
+            raise ValueError(f"batch_window_s must be >= 0, got {self.batch_window_s!r}")
+        if self.model_name is not None and not str(self.model_name).strip():
+            raise ValueError(f"model_name must be a non-empty id, got {self.model_name!r}")
+        object.__setattr__(self, "max_tokens_buckets", tuple(int(b) for b in self.max_tokens_buckets))
+        checked_max_tokens_buckets(self.max_tokens_buckets, self.max_tokens_limit)
+
+    @classmethod
+    def from_flags(cls, flags) -> "ServeSettings":
+        """Returns the settings the CLI's flags (define_flags) give; the model keeps its own name (ChatModel.load
+        took --model_name)."""
+        return cls(host=flags.host, port=flags.port, api_key=flags.api_key or None, model_name=None,
+                   max_batch=flags.max_batch, batch_window_s=flags.batch_window_s,
+                   max_tokens_limit=flags.max_tokens_limit,
+                   max_tokens_buckets=tuple(int(b) for b in flags.max_tokens_buckets),
+                   default_max_tokens=SERVE_DEFAULTS.default_max_tokens, max_n=flags.max_n,
+                   max_body_bytes=flags.max_body_mib * MiB, max_image_pixels=flags.max_image_pixels,
+                   max_prompt_bytes=flags.max_prompt_bytes, max_pending=flags.max_pending,
+                   request_timeout_s=SERVE_DEFAULTS.request_timeout_s)
+
+
+# The one place the server's defaults are written: the CLI's flags read them, tests replace fields of them.
+SERVE_DEFAULTS = ServeSettings(
+    host="127.0.0.1", port=8000, api_key=None, model_name=None, max_batch=8, batch_window_s=0.01,
+    max_tokens_limit=4096, max_tokens_buckets=(), default_max_tokens=512, max_n=DEFAULT_MAX_N,
+    max_body_bytes=32 * MiB, max_image_pixels=DEFAULT_MAX_IMAGE_PIXELS, max_prompt_bytes=DEFAULT_MAX_PROMPT_BYTES,
+    max_pending=DEFAULT_MAX_PENDING, request_timeout_s=600.0)
+
+
 @dataclasses.dataclass
 class _Job:
     """One accepted request waiting for its share of a generation."""
@@ -83,46 +143,31 @@ class ChatServer:
     `.sample_groups(conversations, n, params, seed=)` for n > 1, and `.tokenizer`, `.image_config`,
     `.max_prompt_tokens` for counting prompts up front; the tokenizer also decodes cut choices).
 
-        with ChatServer(model, api_key="k") as server:
+        settings = dataclasses.replace(SERVE_DEFAULTS, port=0, api_key="k")
+        with ChatServer(model, settings) as server:
             client = ChatClient(server.base_url, model.name, api_key="k")
 
     `base_url` is the OpenAI-style base (http://127.0.0.1:<port>/v1). `stats()` counts requests,
     errors and `complete_calls` (generations run), which is below `completions` when batching works.
-    `max_tokens_buckets` (None: `default_max_tokens_buckets(max_tokens_limit)`) are the generation lengths
-    compiled for; the largest must hold max_tokens_limit. `model_name` (None: chat_model.name) is the
-    id /v1/models lists and replies carry; a request naming another model gets a 404.
     """
 
-    def __init__(self, chat_model, *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 max_body_bytes: int = 32 * MiB, max_tokens_limit: int = 4096, default_max_tokens: int = 512,
-                 max_batch: int = 8, batch_window_s: float = 0.01, request_timeout_s: float = 600.0,
-                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES,
-                 max_pending: int = DEFAULT_MAX_PENDING, max_n: int = DEFAULT_MAX_N,
-                 max_tokens_buckets: Sequence[int] | None = None, model_name: str | None = None):
-        for name, value in (("max_body_bytes", max_body_bytes), ("max_tokens_limit", max_tokens_limit),
-                            ("max_batch", max_batch), ("max_image_pixels", max_image_pixels),
-                            ("max_prompt_bytes", max_prompt_bytes), ("max_pending", max_pending), ("max_n", max_n)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value!r}")
-        if batch_window_s < 0:
-            raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s!r}")
-        buckets = checked_max_tokens_buckets(max_tokens_buckets, max_tokens_limit)
-        if model_name is not None and not str(model_name).strip():
-            raise ValueError(f"model_name must be a non-empty id, got {model_name!r}")
+    def __init__(self, chat_model, settings: ServeSettings):
+        s = settings
+        self.settings = s
         self.chat_model = chat_model
-        self.model_name = str(model_name if model_name is not None else chat_model.name)
-        self.max_tokens_buckets = buckets
-        self.max_n = int(max_n)
-        self.host, self._port = host, port
-        self.api_key = api_key or None
-        self.max_body_bytes = int(max_body_bytes)
-        self.max_tokens_limit = int(max_tokens_limit)
-        self.default_max_tokens = min(int(default_max_tokens), self.max_tokens_limit)
-        self.max_batch = int(max_batch)
-        self.batch_window_s = float(batch_window_s)
-        self.request_timeout_s = float(request_timeout_s)
-        self.max_image_pixels, self.max_prompt_bytes = int(max_image_pixels), int(max_prompt_bytes)
-        self.max_pending = int(max_pending)
+        self.model_name = str(s.model_name if s.model_name is not None else chat_model.name)
+        self.max_tokens_buckets = checked_max_tokens_buckets(s.max_tokens_buckets, s.max_tokens_limit)
+        self.max_n = int(s.max_n)
+        self.host, self._port = s.host, s.port
+        self.api_key = s.api_key or None
+        self.max_body_bytes = int(s.max_body_bytes)
+        self.max_tokens_limit = int(s.max_tokens_limit)
+        self.default_max_tokens = min(int(s.default_max_tokens), self.max_tokens_limit)
+        self.max_batch = int(s.max_batch)
+        self.batch_window_s = float(s.batch_window_s)
+        self.request_timeout_s = float(s.request_timeout_s)
+        self.max_image_pixels, self.max_prompt_bytes = int(s.max_image_pixels), int(s.max_prompt_bytes)
+        self.max_pending = int(s.max_pending)
         self._pending = threading.BoundedSemaphore(self.max_pending)
         self._budget = PromptBudget(chat_model)
         self.created = int(time.time())
@@ -387,19 +432,18 @@ def main(argv) -> None:
     try:
         config = serving_config(flags.checkpoint, flags.config, flags.dtype, flags.mesh_shape)
         try:  # before loading, which takes minutes for a real checkpoint
-            buckets = checked_max_tokens_buckets([int(b) for b in flags.max_tokens_buckets], flags.max_tokens_limit)
+            checked_max_tokens_buckets([int(b) for b in flags.max_tokens_buckets], flags.max_tokens_limit)
         except ValueError as err:
             raise UserError(f"--max_tokens_buckets={','.join(flags.max_tokens_buckets)}: expected integers >= 1, "
                             f"the largest >= --max_tokens_limit={flags.max_tokens_limit} ({err})") from None
+        try:
+            settings = ServeSettings.from_flags(flags)
+        except ValueError as err:  # each field is the flag of its name (max_body_bytes: --max_body_mib)
+            raise UserError(f"a serve flag is out of range: {err}") from None
         # The model id clients send: the checkpoint's own name (folder@hash of its weights) unless given.
         model = ChatModel.load(flags.checkpoint, workdir, config=config,
                                **({"name": flags.model_name} if flags.model_name else {}))
-        server = ChatServer(model, host=flags.host, port=flags.port, api_key=flags.api_key or None,
-                            max_body_bytes=flags.max_body_mib * MiB, max_tokens_limit=flags.max_tokens_limit,
-                            max_batch=flags.max_batch, batch_window_s=flags.batch_window_s,
-                            max_image_pixels=flags.max_image_pixels, max_prompt_bytes=flags.max_prompt_bytes,
-                            max_pending=flags.max_pending, max_n=flags.max_n,
-                            max_tokens_buckets=buckets)
+        server = ChatServer(model, settings)
     except UserError as err:
         print(f"serve: error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -418,36 +462,43 @@ def main(argv) -> None:
     print("server stopped", flush=True)
 
 
-def define_flags() -> None:
-    """Defines the CLI's absl flags (only when run as a program, so importing defines none)."""
+def define_flags(flag_values=None) -> None:
+    """Defines the CLI's absl flags in `flag_values` (None: absl's FLAGS; only when run as a program, so
+    importing defines none). Their defaults are SERVE_DEFAULTS'."""
+    import functools
+
     from absl import flags
     from ml_collections import config_flags
-    flags.DEFINE_string("checkpoint", None, "Model to serve: hf:/path/to/checkpoint or random:tiny.")
-    flags.DEFINE_string("host", "127.0.0.1", "Address to bind (127.0.0.1 keeps it off the network).")
-    flags.DEFINE_integer("port", 8000, "Port to bind (0: any free port).")
-    flags.DEFINE_string("api_key", None, "If set, requests must send 'Authorization: Bearer <key>'.")
-    flags.DEFINE_string("model_name", "", "Model id /v1/models lists, replies carry and requests must send (\"\" = "
-                        "the checkpoint's name, <folder>@<hash of its weights>, printed at start).")
-    flags.DEFINE_alias("served_model_name", "model_name")  # vLLM's name for it
+    fv = {"flag_values": flags.FLAGS if flag_values is None else flag_values}
+    string, integer, float_, list_ = (functools.partial(f, **fv) for f in (
+        flags.DEFINE_string, flags.DEFINE_integer, flags.DEFINE_float, flags.DEFINE_list))
+    d = SERVE_DEFAULTS
+    string("checkpoint", None, "Model to serve: hf:/path/to/checkpoint or random:tiny.")
+    string("host", d.host, "Address to bind (127.0.0.1 keeps it off the network).")
+    integer("port", d.port, "Port to bind (0: any free port).")
+    string("api_key", d.api_key, "If set, requests must send 'Authorization: Bearer <key>'.")
+    string("model_name", "", "Model id /v1/models lists, replies carry and requests must send (\"\" = the "
+           "checkpoint's name, <folder>@<hash of its weights>, printed at start).")
+    flags.DEFINE_alias("served_model_name", "model_name", **fv)  # vLLM's name for it
     config_flags.DEFINE_config_file("config", None, "A run's config file (path[:arg]): its model runtime, mesh and "
-                                    "sharding rules are used (default: float32 on one device).")
-    flags.DEFINE_string("dtype", "", f"Parameter and compute dtype: {' | '.join(SERVE_DTYPES)} (\"\" = the config's).")
-    flags.DEFINE_string("mesh_shape", "", "Mesh data,fsdp,tensor the parameters are sharded over, e.g. 1,4,2 "
-                        "(-1 = the remaining devices; \"\" = the config's).")
-    flags.DEFINE_string("workdir", None, "Where random:tiny writes its checkpoint (default: a temp dir).")
-    flags.DEFINE_integer("max_batch", 8, "Most requests batched into one generation.")
-    flags.DEFINE_float("batch_window_s", 0.01, "How long to wait for more requests to batch.")
-    flags.DEFINE_integer("max_tokens_limit", 4096, "Largest max_tokens a request may ask for.")
-    flags.DEFINE_list("max_tokens_buckets", [], "Generation lengths compiled for; a request's max_tokens runs in the "
-                      "smallest that holds it (empty = powers of two from 16, then max_tokens_limit).")
-    flags.DEFINE_integer("max_n", DEFAULT_MAX_N, "Most choices (n) a request may ask for.")
-    flags.DEFINE_integer("max_body_mib", 32, "Largest request body, in MiB.")
-    flags.DEFINE_integer("max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS,
-                         "Most pixels (width x height) an image may have; larger ones are refused from their header.")
-    flags.DEFINE_integer("max_prompt_bytes", DEFAULT_MAX_PROMPT_BYTES,
-                         "Most UTF-8 bytes of text a request may hold; more is refused before tokenizing.")
-    flags.DEFINE_integer("max_pending", DEFAULT_MAX_PENDING, "Most requests in progress; more get a 429.")
-    flags.mark_flag_as_required("checkpoint")
+                                    "sharding rules are used (default: float32 on one device).", **fv)
+    string("dtype", "", f"Parameter and compute dtype: {' | '.join(SERVE_DTYPES)} (\"\" = the config's).")
+    string("mesh_shape", "", "Mesh data,fsdp,tensor the parameters are sharded over, e.g. 1,4,2 "
+           "(-1 = the remaining devices; \"\" = the config's).")
+    string("workdir", None, "Where random:tiny writes its checkpoint (default: a temp dir).")
+    integer("max_batch", d.max_batch, "Most requests batched into one generation.")
+    float_("batch_window_s", d.batch_window_s, "How long to wait for more requests to batch.")
+    integer("max_tokens_limit", d.max_tokens_limit, "Largest max_tokens a request may ask for.")
+    list_("max_tokens_buckets", list(d.max_tokens_buckets), "Generation lengths compiled for; a request's "
+          "max_tokens runs in the smallest that holds it (empty = powers of two from 16, then max_tokens_limit).")
+    integer("max_n", d.max_n, "Most choices (n) a request may ask for.")
+    integer("max_body_mib", d.max_body_bytes // MiB, "Largest request body, in MiB.")
+    integer("max_image_pixels", d.max_image_pixels,
+            "Most pixels (width x height) an image may have; larger ones are refused from their header.")
+    integer("max_prompt_bytes", d.max_prompt_bytes,
+            "Most UTF-8 bytes of text a request may hold; more is refused before tokenizing.")
+    integer("max_pending", d.max_pending, "Most requests in progress; more get a 429.")
+    flags.mark_flag_as_required("checkpoint", **fv)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from absl import logging
 from rmsweb_jax import storage
 from rmsweb_jax.agents.from_config import PolicySettings, build_policy
 from rmsweb_jax.collect.report import check_store_success_rule, write_report
-from rmsweb_jax.collect.retries import RetryCollector
+from rmsweb_jax.collect.retries import CollectSettings, RetryCollector
 from rmsweb_jax.collect.store import RETRY_MODES, StoreWriter
 from rmsweb_jax.collect.store_provenance import policy_provenance
 from rmsweb_jax.errors import UserError
@@ -45,7 +45,6 @@ from rmsweb_jax.stages.manifest import MODEL_LOADING
 from rmsweb_jax.suites.from_config import LIVE_SUITES, SUITES, live_tasks, miniwob_tasks, suite_from_config
 from rmsweb_jax.suites.success_rule import check_success_rule
 from rmsweb_jax.suites.task import Task
-from rmsweb_jax.web.worker import WorkerConfig
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # A flax: policy loads its own spec (model.init is not read) with the run's dtypes, mesh and seed.
@@ -126,11 +125,7 @@ def run(config, workdir: pathlib.Path) -> dict:
             check_store_success_rule(store.trajectories(), cfg.success, store_dir)
             if store.removed_orphans:
                 logging.info("collect: removed leftovers of an interrupted flush: %s", store.removed_orphans)
-            collector = RetryCollector(
-                suite, policy, judge, store, attempts=cfg.attempts, workers=cfg.workers, max_steps=cfg.max_steps,
-                worker_config=WorkerConfig(step_timeout_s=cfg.step_timeout_s), batch_window_s=cfg.batch_window_s,
-                pool_max_attempts=cfg.pool_max_attempts, fault_reruns=cfg.fault_reruns, progress=cfg.progress,
-                retry_mode=cfg.retry_mode)
+            collector = RetryCollector(suite, policy, judge, store, CollectSettings.from_config(cfg))
             summary = collector.run(tasks, seeds)
     finally:
         policy.close()

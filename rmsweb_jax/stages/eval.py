@@ -281,20 +281,18 @@ def play(env, policy, judge, store_dir: pathlib.Path, tasks: list, seeds: list[i
 
     With several processes each plays its share of the pairs into its own part store and process 0
     merges the parts into store_dir (evaluate/host_shares.py); the summary is this process's."""
-    from rmsweb_jax.collect.retries import RetryCollector
-    from rmsweb_jax.collect.store import StoreWriter
+    from rmsweb_jax.collect.retries import CollectSettings, RetryCollector
+    from rmsweb_jax.collect.store import REFLECTION, StoreWriter
     from rmsweb_jax.collect.store_provenance import policy_provenance
     from rmsweb_jax.evaluate import host_shares
-    from rmsweb_jax.web.worker import WorkerConfig
     from rmsweb_jax.suites.from_config import suite_from_config
     target, pairs = host_shares.this_hosts_share(store_dir, [(t, s) for t in tasks for s in seeds])
     with suite_from_config(env) as suite, StoreWriter(target, flush_every_tasks=env.flush_every_tasks,
                                                flush_every_s=env.flush_every_s, policy=policy.name,
                                                provenance=policy_provenance(policy)) as store:
-        summary = RetryCollector(suite, policy, judge, store, attempts=1, workers=env.workers, max_steps=max_steps,
-                                 worker_config=WorkerConfig(step_timeout_s=env.step_timeout_s),
-                                 batch_window_s=batch_window_s, pool_max_attempts=env.pool_max_attempts,
-                                 fault_reruns=env.fault_reruns, progress=env.progress).run_pairs(pairs)
+        settings = dataclasses.replace(CollectSettings.from_config(env), attempts=1, retry_mode=REFLECTION,
+                                       max_steps=max_steps, batch_window_s=batch_window_s)
+        summary = RetryCollector(suite, policy, judge, store, settings).run_pairs(pairs)
     host_shares.merge_when_played(store_dir, "eval")
     return summary
 

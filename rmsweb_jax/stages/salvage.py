@@ -52,15 +52,15 @@ FRESH_START = ("salvage",)  # a rerun for a change starts afresh (manifest.py)
 NAME = "salvage"
 
 
-# config.salvage.train field -> (the config.train field it replaces, the value that keeps config.train's)
-TRAIN_OVERRIDES = {"batch_size": (("batch_size",), 0), "total_steps": (("optimizer", "total_steps"), 0),
-                   "lr": (("optimizer", "lr"), 0.0), "warmup_steps": (("optimizer", "warmup_steps"), -1),
-                   "end_lr_fraction": (("optimizer", "end_lr_fraction"), -1.0)}
+# config.salvage.train field -> the config.train field it replaces; None keeps config.train's (configs/common.py)
+TRAIN_OVERRIDES = {"batch_size": ("batch_size",), "total_steps": ("optimizer", "total_steps"),
+                   "lr": ("optimizer", "lr"), "warmup_steps": ("optimizer", "warmup_steps"),
+                   "end_lr_fraction": ("optimizer", "end_lr_fraction")}
 
 
 def train_config(config) -> ml_collections.ConfigDict:
     """Returns a copy of `config` whose `train` block is what Salvage-DS trains with: config.train (the SFT
-    stage's) with every config.salvage.train field that is not its keep value written over it."""
+    stage's) with every config.salvage.train field that is not None written over it."""
     out = config.copy_and_resolve_references()
     overrides = config.salvage.get("train")
     if overrides is None:
@@ -68,13 +68,13 @@ def train_config(config) -> ml_collections.ConfigDict:
     unknown = sorted(set(overrides.keys()) - set(TRAIN_OVERRIDES))
     if unknown:
         raise UserError(f"config.salvage.train has unknown field(s) {unknown}: expected some of {sorted(TRAIN_OVERRIDES)}")
-    for name, (path, keep) in TRAIN_OVERRIDES.items():
-        value = overrides.get(name, keep)
-        if value == keep:
+    for name, path in TRAIN_OVERRIDES.items():
+        value = overrides.get(name)
+        if value is None:
             continue
         if (name in ("batch_size", "total_steps") and value < 1) or (name == "lr" and value <= 0) or \
                 (name == "end_lr_fraction" and not 0 <= value <= 1) or (name == "warmup_steps" and value < 0):
-            raise UserError(f"config.salvage.train.{name} = {value!r}: out of range ({keep!r} keeps "
+            raise UserError(f"config.salvage.train.{name} = {value!r}: out of range (None keeps "
                             f"config.train.{'.'.join(path)})")
         node = out.train
         for key in path[:-1]:

@@ -19,7 +19,7 @@ import jax
 
 from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import prompt_config_from
-from rmsweb_jax.data.sft import SFTBatches
+from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches
 from rmsweb_jax.stages.sft_split import (SFT_DIR, SPLIT_FILE, data_settings, load_split, same_split_settings,
                                          saved_split, split_path, split_record)
 from rmsweb_jax.train.tokenizer import check_tokenizer
@@ -57,8 +57,8 @@ def run(config, workdir: pathlib.Path) -> dict:
         f"[sft] {view!r}: {len(split.train)} training steps, {len(split.held_out)} held out "
         f"({len(split.held_out_keys)} task groups); {data.batching} batches of {trainer.settings.batch_size} rows, "
         f"loss mask {data.mask}, {data.worker_count} Grain workers")
-    with SFTBatches(view, split.train, data, tokenizer_dir=trainer.init_dir, image_config=image_config,
-                    rows=trainer.local_rows, prompt_config=prompt_config_from(config), pad_id=pad_id,
+    encoder = EncodeSFTExample(trainer.init_dir, image_config, prompt_config_from(config), mask=data.mask)
+    with SFTBatches(view, split.train, data, encoder, rows=trainer.local_rows, pad_id=pad_id,
                     process_index=jax.process_index(), process_count=jax.process_count()) as batches:
         result = trainer.fit(batches)
     losses = _losses(result.run_dir / "metrics.jsonl")

@@ -19,6 +19,7 @@ from rmsweb_jax.web.episode import EpisodeRequest, History
 from rmsweb_jax.web.observation import Observation
 from rmsweb_jax.web.sync_pool import WorkerPool
 from tests.sampling.tiny_chat import tiny_chat_model
+from tests.settings import serve_settings
 
 KEY = "policy-key"
 MAX_TOKENS = 6  # one decode length for every test here: one compiled shape per prompt bucket
@@ -28,7 +29,7 @@ BUILDER = PromptBuilder(dataclasses.replace(prompt_config_from(base_config()), h
 
 @pytest.fixture(scope="module")
 def server():
-    with ChatServer(tiny_chat_model(), api_key=KEY, max_body_bytes=4 << 20) as server:
+    with ChatServer(tiny_chat_model(), serve_settings(api_key=KEY, max_body_bytes=4 << 20)) as server:
         yield server
 
 
@@ -92,7 +93,7 @@ def test_one_failed_request_does_not_fail_the_batch(server):
     # A second server over the same model with a small body limit: the noisy screenshot (large PNG)
     # of one context is refused with a 413, the plain ones go through (one at a time: max_batch=1
     # reuses the episode test's compiled batch shape).
-    with ChatServer(server.chat_model, api_key=KEY, max_body_bytes=200_000, max_batch=1) as small:
+    with ChatServer(server.chat_model, serve_settings(api_key=KEY, max_body_bytes=200_000, max_batch=1)) as small:
         policy = make_policy(small)
         contexts = [StepContext(task_id=f"t{i}", instruction="Click the OK button.", key=f"t{i}/0",
                                 observation=observation(png(500, 240, noise=i == 1))) for i in range(3)]

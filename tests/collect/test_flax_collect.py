@@ -8,11 +8,12 @@ from rmsweb_jax.agents.flax_policy import FlaxPolicy
 from configs.common import base_config
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.collect.retries import RetryCollector
-from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.sampling.sampler import SamplingParams
 from rmsweb_jax.suites.miniwob import MiniWoBSuite
 from rmsweb_jax.suites.task import Task
+from tests.settings import collect_settings, store_writer
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -23,9 +24,10 @@ def test_collect_with_the_tiny_flax_model(tmp_path):
     chat_model = ChatModel.load("random:tiny", tmp_path, max_batch=1)
     policy = FlaxPolicy(chat_model, PromptBuilder(prompt_config_from(base_config())), SamplingParams(max_new_tokens=MAX_NEW_TOKENS), owns_model=True)
     task = Task(suite="miniwob", id="miniwob.click-button", start_url="miniwob/click-button.html", site="miniwob")
-    with MiniWoBSuite() as suite, StoreWriter(tmp_path / "store") as store:
-        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store, attempts=2, workers=1, max_steps=2,
-                                   progress=False)
+    with MiniWoBSuite() as suite, store_writer(tmp_path / "store") as store:
+        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store,
+                                   collect_settings(attempts=2, workers=1, max_steps=2,
+                                   progress=False))
         summary = collector.run([task], seeds=[0])
     policy.close()
     reader = TrajectoryStore(tmp_path / "store")

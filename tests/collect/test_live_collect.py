@@ -21,7 +21,7 @@ from rmsweb_jax.agents.chat_client import ChatClient
 from rmsweb_jax.agents.http_policy import HttpPolicy
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.collect.retries import RetryCollector
-from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.judges.from_config import judge_from_config, judge_spec
 from rmsweb_jax.judges.llm import image_bytes
 from rmsweb_jax.stages import collect as stage
@@ -32,6 +32,7 @@ from rmsweb_jax.suites.http_server import LocalHTTPServer
 from rmsweb_jax.suites.live import LiveSuite
 from rmsweb_jax.suites.task import Task
 from tests import benchmark_fixtures as fx
+from tests.settings import collect_settings, store_writer
 
 ASK = "Find the price of the Blue Widget in the Widget Shop and answer with it."
 REFLECTION = ("Step 2 went wrong: you answered from the search results without opening the product. Next time "
@@ -268,9 +269,10 @@ def test_a_judge_that_raises_is_an_error_verdict_not_a_crash(tmp_path, shop):
                 allowed_hosts=("127.0.0.1",))
     policy = HttpPolicy(ChatClient(llm.base_url, "scripted-agent"), PromptBuilder(prompt_config_from(base_config())))
     try:
-        with StoreWriter(tmp_path / "store") as store:
-            summary = RetryCollector(LiveSuite(viewport=(640, 400)), policy, RaisingJudge(), store, attempts=3,
-                                     workers=1, max_steps=6, progress=False).run([task], seeds=[0])
+        with store_writer(tmp_path / "store") as store:
+            summary = RetryCollector(LiveSuite(viewport=(640, 400)), policy, RaisingJudge(), store,
+                                     collect_settings(attempts=3,
+                                     workers=1, max_steps=6, progress=False)).run([task], seeds=[0])
     finally:
         policy.close()
         llm.close()

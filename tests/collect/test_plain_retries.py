@@ -12,12 +12,13 @@ import pytest
 from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher
 from rmsweb_jax.collect.report import write_report
 from rmsweb_jax.collect.retries import RetryCollector
-from rmsweb_jax.collect.store import StoreError, StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import StoreError, TrajectoryStore
 from rmsweb_jax.collect.store_fixture import retry_group
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
 from tests.collect.wrapped_policy import WrappedPolicy
+from tests.settings import collect_settings, store_writer
 
 pytestmark = pytest.mark.browser
 
@@ -39,9 +40,10 @@ def _collect(store_dir, mode, policy=None):
     """Returns ({(task, seed): [(trajectory, steps) per attempt]}, the policy's stats) of one collection."""
     known = {t.id: t for t in load_miniwob_tasks()}
     policy = policy or ScriptedTeacher(MISTAKES, tasks=TASKS)
-    with MiniWoBSuite() as suite, StoreWriter(store_dir, policy=policy.name) as store:
-        RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store, attempts=K, workers=2, max_steps=8,
-                       progress=False, retry_mode=mode).run([known[t] for t in TASKS], SEEDS)
+    with MiniWoBSuite() as suite, store_writer(store_dir, policy=policy.name) as store:
+        RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store,
+                       collect_settings(attempts=K, workers=2, max_steps=8,
+                       progress=False, retry_mode=mode)).run([known[t] for t in TASKS], SEEDS)
     stats = policy.stats()
     with TrajectoryStore(store_dir) as reader:
         assert reader.retry_mode == mode
@@ -103,12 +105,12 @@ def test_a_store_refuses_the_other_retry_mode(collected, tmp_path):
     teacher = ScriptedTeacher(MISTAKES, tasks=TASKS)
     for store_dir, mode, other in ((root / "plain", "plain", "reflection"),
                                    (root / "reflection", "reflection", "plain")):
-        with MiniWoBSuite() as suite, StoreWriter(store_dir, policy=teacher.name) as store:
+        with MiniWoBSuite() as suite, store_writer(store_dir, policy=teacher.name) as store:
             with pytest.raises(StoreError) as err:
-                RetryCollector(suite, teacher, ProgrammaticJudge(success="solved"), store, attempts=K,
-                               progress=False, retry_mode=other)
-            RetryCollector(suite, teacher, ProgrammaticJudge(success="solved"), store, attempts=K,
-                           progress=False, retry_mode=mode)  # the store's own mode is accepted
+                RetryCollector(suite, teacher, ProgrammaticJudge(success="solved"), store, collect_settings(attempts=K,
+                               progress=False, retry_mode=other))
+            RetryCollector(suite, teacher, ProgrammaticJudge(success="solved"), store, collect_settings(attempts=K,
+                           progress=False, retry_mode=mode))  # the store's own mode is accepted
         message = str(err.value)
         assert f"collect.retry_mode={mode!r}" in message and f"collect.retry_mode is {other!r}" in message
         assert str(store_dir) in message and "collect.store_dir" in message
@@ -116,16 +118,17 @@ def test_a_store_refuses_the_other_retry_mode(collected, tmp_path):
 
     # A store from before the setting (no mode recorded) holds reflection-conditioned groups.
     legacy = tmp_path / "legacy"
-    with StoreWriter(legacy) as store:
+    with store_writer(legacy) as store:
         store.add_group(retry_group("miniwob.click-button", 0, solved_at=2))
-    with StoreWriter(legacy) as store:
+    with store_writer(legacy) as store:
         with pytest.raises(StoreError, match="before collect.retry_mode existed"):
             store.claim_retry_mode("plain")
         store.claim_retry_mode("reflection")
     assert TrajectoryStore(legacy).retry_mode == "reflection"
     with pytest.raises(ValueError, match="retry_mode must be one of"):
-        with MiniWoBSuite() as suite, StoreWriter(tmp_path / "new") as store:
-            RetryCollector(suite, teacher, ProgrammaticJudge(success="solved"), store, retry_mode="reflect")
+        with MiniWoBSuite() as suite, store_writer(tmp_path / "new") as store:
+            RetryCollector(suite, teacher, ProgrammaticJudge(success="solved"), store,
+                           collect_settings(retry_mode="reflect"))
 
 
 def test_the_collect_stage_passes_and_checks_retry_mode(tmp_path):

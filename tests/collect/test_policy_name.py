@@ -10,11 +10,12 @@ from rmsweb_jax.agents.flax_policy import FlaxPolicy
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.agents.teacher import ScriptedTeacher
 from rmsweb_jax.collect.retries import RetryCollector
-from rmsweb_jax.collect.store import StoreError, StoreWriter
+from rmsweb_jax.collect.store import StoreError
 from rmsweb_jax.collect.store_fixture import retry_group
 from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.sampling.chat_model import ChatModel, checkpoint_name
 from rmsweb_jax.suites.miniwob import MiniWoBSuite
+from tests.settings import collect_settings, store_writer
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +54,13 @@ def test_a_flax_policy_is_named_after_its_checkpoint(tiny, tmp_path):
 def test_a_store_refuses_a_second_policy_naming_both(tiny, tmp_path):
     policy, _ = tiny
     store_dir = tmp_path / "store"
-    with StoreWriter(store_dir, policy=policy.name) as store:
+    with store_writer(store_dir, policy=policy.name) as store:
         store.add_group([(t, s) for t, s in retry_group("a", 0, solved_at=1, policy=policy.name)])
     teacher = ScriptedTeacher()
     with pytest.raises(StoreError, match=rf"policy '{policy.name}'.*'{teacher.name}'"):
-        StoreWriter(store_dir, policy=teacher.name)
+        store_writer(store_dir, policy=teacher.name)
     # A writer opened without a name still does not let the collector mix the teacher in.
-    with MiniWoBSuite() as suite, StoreWriter(store_dir) as store:
+    with MiniWoBSuite() as suite, store_writer(store_dir) as store:
         with pytest.raises(StoreError, match=rf"'{policy.name}'.*'{teacher.name}'"):
-            RetryCollector(suite, teacher, ProgrammaticJudge(success="solved"), store, progress=False)
-        RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store, progress=False)  # its own: fine
+            RetryCollector(suite, teacher, ProgrammaticJudge(success="solved"), store, collect_settings(progress=False))
+        RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store, collect_settings(progress=False))  # its own: fine

@@ -11,9 +11,10 @@ import pytest
 from PIL import Image
 
 from rmsweb_jax.collect.report import compute_report, write_report
-from rmsweb_jax.collect.store import StoreError, StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import StoreError, TrajectoryStore
 from rmsweb_jax.judges.base import Verdict
 from rmsweb_jax.collect.store_fixture import retry_group as group
+from tests.settings import store_writer
 
 
 def _partial(task_id, seed, reward, *, success):
@@ -37,7 +38,7 @@ def _store(tmp_path, extra=()):
                                success=False, reward=None, suite_success=None, faults=("crash 1", "crash 2"))
     groups = [group("a", 0, solved_at=1), group("a", 1, solved_at=2), group("b", 0, solved_at=3),
               group("b", 1, solved_at=None), rerun, [(lost, [])], _partial("p", 0, 0.6, success=False), *extra]
-    with StoreWriter(tmp_path / "store", flush_every_tasks=2) as store:
+    with store_writer(tmp_path / "store", flush_every_tasks=2) as store:
         for g in groups:
             store.add_group(g)
     return tmp_path / "store"
@@ -100,7 +101,7 @@ def test_report_files(tmp_path):
     img = Image.open(tmp_path / "out" / "collect_report.png")
     assert img.size == (840, 360) and len(set(img.getdata())) > 3
     with pytest.raises(StoreError, match="holds no trajectories to report on"):
-        StoreWriter(tmp_path / "empty").close()
+        store_writer(tmp_path / "empty").close()
         write_report(tmp_path / "empty", tmp_path / "out", success_rule="solved")
 
 

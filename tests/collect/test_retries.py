@@ -15,12 +15,13 @@ from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher
 from rmsweb_jax.collect.report import write_report
 from rmsweb_jax.collect.retries import RetryCollector
 from rmsweb_jax.collect.sft_view import SFTView
-from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
 from rmsweb_jax.suites.success_rule import is_solved
 from rmsweb_jax.web.browser import marked_pids
 from tests.collect.wrapped_policy import WrappedPolicy
+from tests.settings import collect_settings, store_writer
 
 pytestmark = pytest.mark.browser
 
@@ -56,9 +57,10 @@ def test_retries_raise_yield_and_the_report_matches_the_store(tmp_path):
     tasks = [known[name] for name in TASKS]
     policy = GarbleOneTurn(ScriptedTeacher(MISTAKES, tasks=TASKS), GARBLED)
     store_dir = tmp_path / "store"
-    with MiniWoBSuite() as suite, StoreWriter(store_dir, flush_every_tasks=5) as store:
-        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store, attempts=K, workers=2,
-                                   max_steps=10, progress=False)
+    with MiniWoBSuite() as suite, store_writer(store_dir, flush_every_tasks=5) as store:
+        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store,
+                                   collect_settings(attempts=K, workers=2,
+                                   max_steps=10, progress=False))
         summary = collector.run(tasks, SEEDS)
         assert summary.collected == len(TASKS) * len(SEEDS) and summary.skipped == 0
         # A second run over the same store finds nothing left to do.
@@ -169,9 +171,10 @@ def test_a_policy_error_stops_the_run_and_keeps_finished_groups(tmp_path):
     # The last new task's second step: by then several groups have finished.
     policy = FailsAt(ScriptedTeacher(MISTAKES), "miniwob.enter-text#1@1/1")
     with pytest.raises(ConnectionError, match="policy endpoint went away"):
-        with MiniWoBSuite() as suite, StoreWriter(tmp_path, flush_every_tasks=100) as store:
-            RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store, attempts=K, workers=2,
-                           max_steps=10, progress=False).run(tasks, SEEDS)
+        with MiniWoBSuite() as suite, store_writer(tmp_path, flush_every_tasks=100) as store:
+            RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store,
+                           collect_settings(attempts=K, workers=2,
+                           max_steps=10, progress=False)).run(tasks, SEEDS)
     # Groups that finished before the error were committed when the writer closed; each whole.
     groups = TrajectoryStore(tmp_path).groups()
     assert 0 < len(groups) < len(tasks) * len(SEEDS)
@@ -202,9 +205,10 @@ def test_browser_fault_reruns_take_no_attempt_number(tmp_path, fault_reruns):
     # pool_max_attempts=1: the pool does not rerun by itself, so the crash reaches the collector.
     task = next(t for t in load_miniwob_tasks() if t.id == "miniwob.enter-text")
     policy = KillsBrowserAt(ScriptedTeacher(MistakeConfig(0.0, 0.0, 0.0)), "miniwob.enter-text#0@1/1")
-    with MiniWoBSuite() as suite, StoreWriter(tmp_path / "store") as store:
-        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store, attempts=K, workers=1,
-                                   max_steps=5, pool_max_attempts=1, fault_reruns=fault_reruns, progress=False)
+    with MiniWoBSuite() as suite, store_writer(tmp_path / "store") as store:
+        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store,
+                                   collect_settings(attempts=K, workers=1,
+                                   max_steps=5, pool_max_attempts=1, fault_reruns=fault_reruns, progress=False))
         policy.collector = collector
         summary = collector.run([task], [0])
     assert len(policy.killed) == 1 and policy.killed[0] not in marked_pids(summary.pool_marker)

@@ -9,10 +9,11 @@ import pytest
 
 from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher
 from rmsweb_jax.collect.retries import RetryCollector
-from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
 from tests.collect.wrapped_policy import WrappedPolicy
+from tests.settings import collect_settings, store_writer
 
 pytestmark = pytest.mark.browser
 
@@ -40,8 +41,9 @@ class FailsFirst(WrappedPolicy):
 
 
 def _collector(suite, policy, store):
-    return RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store, attempts=2, workers=1,
-                          max_steps=6, progress=False)
+    return RetryCollector(suite, policy, ProgrammaticJudge(success="solved"), store,
+                          collect_settings(attempts=2, workers=1,
+                          max_steps=6, progress=False))
 
 
 def test_run_and_run_pairs_complete_inside_a_running_loop(tmp_path):
@@ -52,7 +54,7 @@ def test_run_and_run_pairs_complete_inside_a_running_loop(tmp_path):
     async def cell():
         """A notebook cell: the kernel's loop runs in this thread while the cell calls blocking code."""
         caller_loop = asyncio.get_running_loop()
-        with MiniWoBSuite() as suite, StoreWriter(tmp_path / "store") as store:
+        with MiniWoBSuite() as suite, store_writer(tmp_path / "store") as store:
             collector = _collector(suite, policy, store)
             summary = collector.run(tasks[:1], [0])
             pairs = collector.run_pairs([(tasks[1], 0), (tasks[0], 0)])
@@ -73,7 +75,7 @@ def test_a_policy_error_inside_a_running_loop_reaches_the_caller(tmp_path):
     task = {t.id: t for t in load_miniwob_tasks()}["miniwob.click-button"]
 
     async def cell():
-        with MiniWoBSuite() as suite, StoreWriter(tmp_path / "store") as store:
+        with MiniWoBSuite() as suite, store_writer(tmp_path / "store") as store:
             _collector(suite, FailsFirst(ScriptedTeacher(NO_MISTAKES)), store).run([task], [0])
 
     with pytest.raises(ConnectionError, match="policy endpoint went away"):

@@ -14,11 +14,12 @@ from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher
 from rmsweb_jax.collect.records import FAULT_JUDGE
 from rmsweb_jax.collect.report import compute_report
 from rmsweb_jax.collect.retries import RetryCollector
-from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
 from rmsweb_jax.web.browser import MARKER_FLAG, marked_pids
 from tests.collect.wrapped_policy import WrappedPolicy
+from tests.settings import collect_settings, store_writer
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -119,9 +120,10 @@ def test_collect_survives_browser_kills(tmp_path):
     policy = Counting(ScriptedTeacher(MistakeConfig(wrong_element_p=0.1, seed=1), tasks=TASKS))
     killer = Killer(KILL_EVERY_STEPS, policy)
     started = time.monotonic()
-    with MiniWoBSuite() as suite, StoreWriter(store_dir, flush_every_tasks=20) as store:
-        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="positive_reward"), store, attempts=K,
-                                   workers=2, max_steps=8, pool_max_attempts=4, progress=False)
+    with MiniWoBSuite() as suite, store_writer(store_dir, flush_every_tasks=20) as store:
+        collector = RetryCollector(suite, policy, ProgrammaticJudge(success="positive_reward"), store,
+                                   collect_settings(attempts=K,
+                                   workers=2, max_steps=8, pool_max_attempts=4, progress=False))
         killer.start()
         try:
             summary = collector.run(tasks, SEEDS)

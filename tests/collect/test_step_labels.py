@@ -10,11 +10,12 @@ import pytest
 from rmsweb_jax.agents.teacher import MISTAKE_KINDS, MistakeConfig, ScriptedTeacher
 from rmsweb_jax.collect.records import SCHEMA_VERSION, SchemaError, StepRecord
 from rmsweb_jax.collect.retries import RetryCollector
-from rmsweb_jax.collect.store import StoreError, StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import StoreError, TrajectoryStore
 from rmsweb_jax.collect.store_fixture import click_step, write_synthetic_store
 from rmsweb_jax.collect.store_layout import STORE_FILE
 from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
+from tests.settings import collect_settings, store_writer
 
 TASKS = ("miniwob.click-button", "miniwob.click-checkboxes", "miniwob.click-link", "miniwob.click-option",
          "miniwob.enter-text", "miniwob.login-user")
@@ -47,10 +48,11 @@ def test_records_and_stores_of_the_label_less_schema_are_refused(tmp_path):
 def test_teacher_mistakes_are_stored_as_step_labels(tmp_path):
     known = {t.id: t for t in load_miniwob_tasks()}
     teacher = ScriptedTeacher(MISTAKES, tasks=TASKS)
-    with MiniWoBSuite() as suite, StoreWriter(tmp_path / "store", policy=teacher.name) as store:
+    with MiniWoBSuite() as suite, store_writer(tmp_path / "store", policy=teacher.name) as store:
         # attempts=1: no reflection, so the teacher remembers every attempt's mistakes.
-        RetryCollector(suite, teacher, ProgrammaticJudge(success="solved"), store, attempts=1, workers=2,
-                       max_steps=10, progress=False).run([known[t] for t in TASKS], SEEDS)
+        RetryCollector(suite, teacher, ProgrammaticJudge(success="solved"), store,
+                       collect_settings(attempts=1, workers=2,
+                       max_steps=10, progress=False)).run([known[t] for t in TASKS], SEEDS)
     reader = TrajectoryStore(tmp_path / "store")
     seen = {kind: 0 for kind in MISTAKE_KINDS}
     trajectories = list(reader.trajectories())

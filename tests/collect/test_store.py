@@ -12,10 +12,11 @@ import pytest
 
 from rmsweb_jax.collect.records import SCHEMA_VERSION, SchemaError, StepRecord, TrajectoryRecord, decode_record
 from rmsweb_jax.collect.sft_view import SFTView
-from rmsweb_jax.collect.store import (STEPS, STORE_FILE, TMP_PREFIX, TRAJECTORIES, StoreError, StoreWriter,
+from rmsweb_jax.collect.store import (STEPS, STORE_FILE, TMP_PREFIX, TRAJECTORIES, StoreError,
                                       TrajectoryStore, _write_shard, marker_name, shard_name)
 from rmsweb_jax.web.action_text import parse_action
 from rmsweb_jax.collect.store_fixture import retry_group as group
+from tests.settings import COLLECT, sft_data, store_writer
 
 
 def _strip_location(traj):
@@ -56,7 +57,7 @@ def test_schema_version_and_kind_errors_name_what_was_found():
 
 def test_store_round_trip_flushes_and_reopen(tmp_path):
     groups = [group(f"task{i}", i % 2, solved_at=[1, 2, None, 3][i % 4]) for i in range(5)]
-    with StoreWriter(tmp_path / "store", flush_every_tasks=2, flush_every_s=3600) as store:
+    with store_writer(tmp_path / "store", flush_every_tasks=2, flush_every_s=3600) as store:
         for g in groups:
             store.add_group(g)
         assert store.committed_flushes() == [1, 2] and store.buffered_tasks == 1
@@ -73,7 +74,7 @@ def test_store_round_trip_flushes_and_reopen(tmp_path):
                                "steps": sum(len(s) for s in steps_by_id.values()), "flushes": 3}
     assert reader.finished_task_keys() == {(f"task{i}", i % 2) for i in range(5)}
     # Reopening for writing continues the numbering and refuses a group already stored.
-    with StoreWriter(tmp_path / "store", flush_every_tasks=1) as store:
+    with store_writer(tmp_path / "store", flush_every_tasks=1) as store:
         with pytest.raises(ValueError, match=r"already in the store"):
             store.add_group(groups[0])
         store.add_group(group("task9", 0, solved_at=1))
@@ -81,18 +82,18 @@ def test_store_round_trip_flushes_and_reopen(tmp_path):
 
 
 def test_group_checks_and_single_writer(tmp_path):
-    with StoreWriter(tmp_path / "s") as store:
+    with store_writer(tmp_path / "s") as store:
         g = group("a", 0, solved_at=2)
         with pytest.raises(ValueError, match="attempt 1 is numbered 2"):
             store.add_group(g[1:])
         with pytest.raises(StoreError, match="another process is writing"):
-            StoreWriter(tmp_path / "s")
-    StoreWriter(tmp_path / "s").close()  # the lock went with the first writer
+            store_writer(tmp_path / "s")
+    store_writer(tmp_path / "s").close()  # the lock went with the first writer
 
 
 def test_crash_leftovers_are_removed_on_open(tmp_path):
     root = tmp_path / "store"
-    with StoreWriter(root, flush_every_tasks=1) as store:
+    with store_writer(root, flush_every_tasks=1) as store:
         store.add_group(group("kept", 0, solved_at=1))
     # A flush that died between its steps shard and its trajectories shard, and one that died
     # while writing a temp file.
@@ -102,7 +103,7 @@ def test_crash_leftovers_are_removed_on_open(tmp_path):
     reader = TrajectoryStore(root)
     assert reader.finished_task_keys() == {("kept", 0)}  # readers never see uncommitted flushes
     assert [p.name for p in reader.step_shards()] == [shard_name(STEPS, 1)]
-    with StoreWriter(root) as store:
+    with store_writer(root) as store:
         assert store.removed_orphans == [TMP_PREFIX + shard_name(TRAJECTORIES, 2), shard_name(STEPS, 2)]
         store.add_group(orphan)
     assert sorted(os.listdir(root)) == sorted([".lock", STORE_FILE, shard_name(STEPS, 1), shard_name(TRAJECTORIES, 1),
@@ -120,7 +121,7 @@ def test_killed_writer_leaves_only_whole_flushes(tmp_path, dies_after):
         import os, signal
         from rmsweb_jax.collect import store as store_mod
         from rmsweb_jax.collect.store_fixture import retry_group as group
-        w = store_mod.StoreWriter({str(root)!r}, flush_every_tasks=2)
+        w = store_mod.StoreWriter({str(root)!r}, flush_every_tasks=2, flush_every_s={COLLECT.flush_every_s!r})
         w.add_group(group("a", 0, solved_at=1)); w.add_group(group("b", 0, solved_at=2))
         real = store_mod._write_shard
         def dying(path, records):
@@ -136,7 +137,7 @@ def test_killed_writer_leaves_only_whole_flushes(tmp_path, dies_after):
     written = [shard_name(STEPS, 2)] + ([shard_name(TRAJECTORIES, 2)] if dies_after == TRAJECTORIES else [])
     assert all((root / name).exists() for name in written) and not (root / marker_name(2)).exists()
     assert TrajectoryStore(root).committed_flushes() == [1]  # readers never see the unmarked flush
-    with StoreWriter(root) as store:
+    with store_writer(root) as store:
         assert store.removed_orphans == sorted(written)
         assert store.finished_task_keys() == {("a", 0), ("b", 0)}
         store.add_group(group("c", 0, solved_at=None))
@@ -145,7 +146,7 @@ def test_killed_writer_leaves_only_whole_flushes(tmp_path, dies_after):
 
 def test_grain_reads_the_shards(tmp_path):
     groups = [group(f"g{i}", 0, solved_at=1 + i % 3) for i in range(4)]
-    with StoreWriter(tmp_path, flush_every_tasks=3) as store:
+    with store_writer(tmp_path, flush_every_tasks=3) as store:
         for g in groups:
             store.add_group(g)
     reader = TrajectoryStore(tmp_path)
@@ -162,7 +163,7 @@ def test_grain_reads_the_shards(tmp_path):
 def test_sft_view_successful_steps_only_without_reflections(tmp_path):
     groups = [group("solved1", 0, solved_at=1), group("solved3", 0, solved_at=3, parse_error_at=(3, 1), steps=3),
               group("never", 0, solved_at=None), group("solved2", 1, solved_at=2)]
-    with StoreWriter(tmp_path, flush_every_tasks=2) as store:
+    with store_writer(tmp_path, flush_every_tasks=2) as store:
         for g in groups:
             store.add_group(g)
     view = SFTView(tmp_path)
@@ -198,10 +199,10 @@ def test_sft_view_and_reader_errors_name_the_path(tmp_path):
         SFTView(missing)
     with pytest.raises(StoreError, match=str(missing)):
         TrajectoryStore(missing)
-    StoreWriter(tmp_path / "empty").close()
+    store_writer(tmp_path / "empty").close()
     with pytest.raises(StoreError, match=rf"{tmp_path / 'empty'} holds no trajectories"):
         SFTView(tmp_path / "empty")
-    with StoreWriter(tmp_path / "failed", flush_every_tasks=1) as store:
+    with store_writer(tmp_path / "failed", flush_every_tasks=1) as store:
         store.add_group(group("x", 0, solved_at=None))
     with pytest.raises(StoreError, match="3 trajectories, 0 successful"):
         SFTView(tmp_path / "failed")
@@ -213,19 +214,19 @@ def test_sft_view_and_reader_errors_name_the_path(tmp_path):
 
 def test_a_store_holds_one_policy_and_names_both_when_refusing_another(tmp_path):
     root = tmp_path / "store"
-    with StoreWriter(root, flush_every_tasks=1, policy="flax:hf:/ckpt/step-100") as store:
+    with store_writer(root, flush_every_tasks=1, policy="flax:hf:/ckpt/step-100") as store:
         store.add_group(group("a", 0, solved_at=1))
     assert TrajectoryStore(root).policy == "flax:hf:/ckpt/step-100"
     with pytest.raises(StoreError, match=rf"{root}.*'flax:hf:/ckpt/step-100'.*'flax:hf:/ckpt/step-200'"):
-        StoreWriter(root, policy="flax:hf:/ckpt/step-200")
-    with StoreWriter(root, flush_every_tasks=1, policy="flax:hf:/ckpt/step-100") as store:  # the same policy appends
+        store_writer(root, policy="flax:hf:/ckpt/step-200")
+    with store_writer(root, flush_every_tasks=1, policy="flax:hf:/ckpt/step-100") as store:  # the same policy appends
         store.add_group(group("b", 0, solved_at=1))
     assert TrajectoryStore(root).finished_task_keys() == {("a", 0), ("b", 0)}
     # A store created without a name takes the first writer's.
-    StoreWriter(tmp_path / "unnamed").close()
-    StoreWriter(tmp_path / "unnamed", policy="scripted-teacher").close()
+    store_writer(tmp_path / "unnamed").close()
+    store_writer(tmp_path / "unnamed", policy="scripted-teacher").close()
     with pytest.raises(StoreError, match="'scripted-teacher'.*'http:qwen3-vl'"):
-        StoreWriter(tmp_path / "unnamed", policy="http:qwen3-vl")
+        store_writer(tmp_path / "unnamed", policy="http:qwen3-vl")
 
 
 def test_provenance_is_recorded_at_creation_and_a_reader_with_other_settings_is_warned(tmp_path, caplog):
@@ -235,7 +236,7 @@ def test_provenance_is_recorded_at_creation_and_a_reader_with_other_settings_is_
     from rmsweb_jax.agents.prompt import prompt_config_from
     from rmsweb_jax.collect.store_fixture import task_group
     from rmsweb_jax.collect.store_provenance import check_provenance, provenance
-    from rmsweb_jax.data.sft import SFTBatches, SFTDataConfig
+    from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches
     from rmsweb_jax.processing.image import ImageProcessorConfig
     from rmsweb_jax.processing.prompt_tokens import load_tokenizer
     from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
@@ -246,7 +247,7 @@ def test_provenance_is_recorded_at_creation_and_a_reader_with_other_settings_is_
     shipped = prompt_config_from(base_config())
     produced = provenance(dataclasses.replace(shipped, history_steps=3, history_images=1), tokenizer, images)
     root = tmp_path / "store"
-    with StoreWriter(root, flush_every_tasks=2, policy="flax:tiny", provenance=produced) as store:
+    with store_writer(root, flush_every_tasks=2, policy="flax:tiny", provenance=produced) as store:
         for t in range(2):
             store.add_group(task_group(f"t{t}", 0, fail_first=False, viewport=(200, 120), variant=t))
     assert TrajectoryStore(root).provenance == produced
@@ -265,7 +266,8 @@ def test_provenance_is_recorded_at_creation_and_a_reader_with_other_settings_is_
     caplog.clear()
     view = SFTView(root)
     rebuilt = dataclasses.replace(shipped, history_steps=2, history_images=1)
-    SFTBatches(view, range(len(view)), SFTDataConfig(store_dir=str(root)), tokenizer_dir=tmp_path / "tok",
-               image_config=images, rows=2, prompt_config=rebuilt).close()
+    data = sft_data(root)
+    SFTBatches(view, range(len(view)), data, EncodeSFTExample(tmp_path / "tok", images, rebuilt, mask=data.mask),
+               rows=2).close()
     (warning,) = [r for r in caplog.records if "produced with other settings" in r.getMessage()]
     assert "rebuilt with (prompt.history_steps):" in warning.getMessage()  # same tokenizer, same images

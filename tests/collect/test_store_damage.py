@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from rmsweb_jax.collect.store import STEPS, TRAJECTORIES, StoreError, StoreWriter, TrajectoryStore, shard_name
+from rmsweb_jax.collect.store import STEPS, TRAJECTORIES, StoreError, TrajectoryStore, shard_name
 from rmsweb_jax.collect.store_fixture import task_group
+from tests.settings import store_writer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GROUPS = 6  # two per flush: flushes 1, 2, 3
@@ -22,7 +23,7 @@ def _group(t):
 
 def _write_store(root):
     """Writes 3 flushes of 2 task groups each; returns {flush: its (task id, seed) keys}."""
-    with StoreWriter(root, flush_every_tasks=2, flush_every_s=3600) as store:
+    with store_writer(root, flush_every_tasks=2, flush_every_s=3600) as store:
         for t in range(GROUPS):
             store.add_group(_group(t))
     return {seq: {(f"t{t}", t % 2) for t in (2 * seq - 2, 2 * seq - 1)} for seq in (1, 2, 3)}
@@ -62,9 +63,9 @@ def test_truncated_last_trajectories_shard_is_an_error_naming_it_not_zero_record
     with pytest.raises(StoreError, match=expected):
         TrajectoryStore(root)
     with pytest.raises(StoreError, match=expected):
-        StoreWriter(root)  # what a collect rerun opens: it must not start collecting
+        store_writer(root)  # what a collect rerun opens: it must not start collecting
     with pytest.raises(StoreError, match=expected):
-        StoreWriter(root)  # the same error again: the failed open released its lock
+        store_writer(root)  # the same error again: the failed open released its lock
 
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
@@ -81,7 +82,7 @@ def test_damaged_shard_is_named_then_repair_quarantines_its_flush(tmp_path, caps
 
     # The writer (a collect rerun) verifies every byte on open.
     with pytest.raises(StoreError, match=named):
-        StoreWriter(root)
+        store_writer(root)
     if damage.startswith("bit flip"):
         # Readers check sizes, reader status and record counts on open; a changed record fails when
         # read, naming the shard (not an anonymous checksum error), and close() stays quiet.
@@ -116,7 +117,7 @@ def test_damaged_shard_is_named_then_repair_quarantines_its_flush(tmp_path, caps
     assert sum(1 for _ in store.trajectories()) == store.counts()["trajectories"]
     assert _cli("--check", str(root)) == 0
     # The quarantined groups are collected again, into a new flush.
-    with StoreWriter(root, flush_every_tasks=2) as writer:
+    with store_writer(root, flush_every_tasks=2) as writer:
         todo = [t for t in range(GROUPS) if (f"t{t}", t % 2) not in writer.finished_task_keys()]
         assert todo == [2, 3]
         for t in todo:
@@ -150,7 +151,7 @@ def test_repair_refuses_while_a_writer_holds_the_store_and_check_passes_an_intac
     _write_store(root)
     assert _cli("--check", str(root)) == 0
     assert "3 flushes" in capsys.readouterr().out
-    with StoreWriter(root):
+    with store_writer(root):
         assert _cli("--repair", str(root)) == 2
         assert "another process is writing" in capsys.readouterr().err
     assert _cli("--repair", str(root)) == 0
@@ -175,7 +176,7 @@ def test_the_documented_command_runs(tmp_path):
     assert repair.returncode == 0, repair.stderr[-2000:]
     assert "quarantine" in repair.stdout and "t4" in repair.stdout
     assert TrajectoryStore(root).committed_flushes() == [1, 2]
-    with StoreWriter(root, flush_every_tasks=1) as writer:  # the next flush is 4: 3 is in quarantine
+    with store_writer(root, flush_every_tasks=1) as writer:  # the next flush is 4: 3 is in quarantine
         writer.add_group(_group(4))
     assert TrajectoryStore(root).committed_flushes() == [1, 2, 4]
 
@@ -196,7 +197,7 @@ def test_a_store_of_the_first_layout_is_checked_by_status_and_gets_markers_from_
     with pytest.raises(StoreError, match=rf"(?s){re.escape(str(last))} is corrupt.*--repair"):
         TrajectoryStore(root)
     last.write_bytes(intact)
-    with StoreWriter(root) as writer:  # verifies every record, then records the markers
+    with store_writer(root) as writer:  # verifies every record, then records the markers
         assert writer.committed_flushes() == [1, 2, 3]
     assert sorted(p.name for p in root.glob("flush-*.json")) == ["flush-000001.json", "flush-000002.json",
                                                                    "flush-000003.json"]

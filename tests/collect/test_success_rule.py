@@ -10,11 +10,12 @@ from rmsweb_jax.agents.policy import PolicyOutput
 from rmsweb_jax.collect.report import write_report
 from rmsweb_jax.collect.retries import RetryCollector
 from rmsweb_jax.collect.sft_view import SFTView
-from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
 from rmsweb_jax.web.action_text import format_action
 from rmsweb_jax.web.actions import RELATIVE, Action
+from tests.settings import collect_settings, store_writer
 
 pytestmark = pytest.mark.browser
 
@@ -68,9 +69,10 @@ class CheckboxPolicy:
 def _collect(tmp_path, rule):
     task = next(t for t in load_miniwob_tasks() if t.id == TASK)
     store_dir = tmp_path / rule / "store"
-    with MiniWoBSuite() as suite, StoreWriter(store_dir) as store:
-        RetryCollector(suite, CheckboxPolicy(), ProgrammaticJudge(success=rule), store, attempts=2, workers=1,
-                       max_steps=8, progress=False).run([task], [SEED])
+    with MiniWoBSuite() as suite, store_writer(store_dir) as store:
+        RetryCollector(suite, CheckboxPolicy(), ProgrammaticJudge(success=rule), store,
+                       collect_settings(attempts=2, workers=1,
+                       max_steps=8, progress=False)).run([task], [SEED])
     report = write_report(store_dir, tmp_path / rule, attempts=2, success_rule=rule)
     return sorted(TrajectoryStore(store_dir).trajectories(), key=lambda t: t.attempt), report, store_dir
 

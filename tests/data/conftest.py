@@ -6,6 +6,7 @@ import pytest
 from configs.common import base_config
 from rmsweb_jax.agents.prompt import prompt_config_from
 from rmsweb_jax.collect.sft_view import SFTView
+from configs.common import base_config
 from rmsweb_jax.data.sft import EncodeSFTExample, example_name
 from rmsweb_jax.collect.store_fixture import write_synthetic_store
 from rmsweb_jax.processing.image import ImageProcessorConfig
@@ -38,7 +39,7 @@ def view(store_dir):
 
 @pytest.fixture(scope="session")
 def encoder(tokenizer_dir):
-    return EncodeSFTExample(tokenizer_dir, IMAGE_CONFIG, PROMPT)
+    return EncodeSFTExample(tokenizer_dir, IMAGE_CONFIG, PROMPT, mask=base_config().data.mask)
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,10 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 
 from rmsweb_jax.collect.records import SCHEMA_VERSION, SchemaError
 from rmsweb_jax.collect.sft_view import SFTView
-from rmsweb_jax.collect.store import STORE_FILE, StoreError, StoreWriter
+from rmsweb_jax.collect.store import STORE_FILE, StoreError
 from rmsweb_jax.collect.store_fixture import task_group, write_synthetic_store
 from rmsweb_jax.stages import sft
+from tests.settings import store_writer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "configs"))
@@ -31,10 +32,10 @@ def test_missing_store_is_named(tmp_path):
 
 
 def test_empty_store_and_store_without_successes_are_named(tmp_path):
-    StoreWriter(tmp_path / "empty").close()
+    store_writer(tmp_path / "empty").close()
     with pytest.raises(StoreError, match=rf"the trajectory store at {tmp_path / 'empty'} holds no trajectories"):
         sft.run(_config(tmp_path / "empty"), tmp_path)
-    with StoreWriter(tmp_path / "failed") as store:
+    with store_writer(tmp_path / "failed") as store:
         failed, _ = task_group("synthetic.form-0", 0, fail_first=True, viewport=(200, 120), variant=0)
         store.add_group([failed])  # only the failed attempt
     with pytest.raises(StoreError, match=r"holds 1 trajectories, 0 successful, but no successful step"):

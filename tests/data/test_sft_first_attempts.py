@@ -8,11 +8,12 @@ import pytest
 
 from configs.common import base_config
 from rmsweb_jax.collect.sft_view import SFTView
-from rmsweb_jax.collect.store import StoreError, StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import StoreError, TrajectoryStore
 from rmsweb_jax.collect.store_fixture import label_screenshot, retry_group
 from rmsweb_jax.data.sft import SFTDataConfig, split_by_task
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.stages.sft import saved_split, same_split_settings, split_path, split_record
+from tests.settings import sft_data, store_writer
 
 # (task, seed): retry_group arguments. Solving attempts take `steps` steps; a parse error is no target.
 GROUPS = {
@@ -41,7 +42,7 @@ def _targets(first_only: bool) -> set[tuple[str, int]]:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     directory = tmp_path_factory.mktemp("first") / "store"
-    with StoreWriter(directory, flush_every_tasks=3) as writer:
+    with store_writer(directory, flush_every_tasks=3) as writer:
         for (task, seed), kw in GROUPS.items():
             writer.add_group(retry_group(task, seed, **kw))
     return directory
@@ -80,14 +81,14 @@ def test_data_config_picks_the_view_and_rejects_other_values(store, tmp_path):
     data = SFTDataConfig.from_config(config.data, tmp_path)
     assert len(data.view()) == 9
     with pytest.raises(ValueError, match=r"config.data.attempts = 'last'; expected one of \['all', 'first'\]"):
-        SFTDataConfig(store_dir=str(store), attempts="last")
+        sft_data(store, attempts="last")
     with pytest.raises(ValueError, match="attempts='second'"):
         SFTView(store, attempts="second")
 
 
 def test_a_store_solved_only_on_retries_has_nothing_first(tmp_path):
     directory = tmp_path / "store"
-    with StoreWriter(directory) as writer:
+    with store_writer(directory) as writer:
         writer.add_group(retry_group("t.a", 0, solved_at=2))
     assert len(SFTView(directory)) == 2
     with pytest.raises(StoreError, match=r"1 more solved on a retry, left out by attempts='first'"):

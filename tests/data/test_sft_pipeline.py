@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 
 from rmsweb_jax.data.batching import Buckets, OversizeError, iterate_examples
-from rmsweb_jax.data.sft import SFTBatches, SFTDataConfig, host_indices, split_by_task
+from configs.common import base_config
+from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches, SFTDataConfig, host_indices, split_by_task
 from rmsweb_jax.processing.prompt_tokens import load_tokenizer
 from rmsweb_jax.train.batch import validate_batch
 from tests.data.conftest import IMAGE_CONFIG, PROMPT
+from tests.settings import sft_data
 
 # Examples are 2179-2366 tokens with 96 or 192 patches (1 or 2 screenshots): two bucket shapes occur.
 BUCKETS = dict(buckets=(2304, 2432), bucket_patches=(192, 192))
@@ -16,10 +18,11 @@ PACKED = dict(batching="pack", buckets=(4800,), bucket_patches=(384,))
 
 
 def make(view, tokenizer_dir, indices=None, rows=4, epochs=None, process_index=0, process_count=1, **kw):
-    cfg = SFTDataConfig(store_dir=str(view.store_dir), **{**BUCKETS, **kw})
+    cfg = sft_data(view.store_dir, **{**BUCKETS, **kw})
     indices = range(len(view)) if indices is None else indices
-    return SFTBatches(view, indices, cfg, tokenizer_dir=tokenizer_dir, image_config=IMAGE_CONFIG, rows=rows,
-                      prompt_config=PROMPT, epochs=epochs, process_index=process_index, process_count=process_count)
+    encoder = EncodeSFTExample(tokenizer_dir, IMAGE_CONFIG, PROMPT, mask=cfg.mask)
+    return SFTBatches(view, indices, cfg, encoder, rows=rows, epochs=epochs, process_index=process_index,
+                      process_count=process_count)
 
 
 def take(batches, n):
@@ -148,9 +151,9 @@ def test_split_holds_out_whole_task_groups_the_same_way_every_time(view):
     assert held_keys == set(split.held_out_keys)
     assert not held_keys & {view.task_key(i) for i in split.train}
     assert split_by_task(view, 0.25, seed=2).held_out_keys != split.held_out_keys
-    assert len(split_by_task(view, 0.0).held_out) == 0
+    assert len(split_by_task(view, 0.0, seed=0).held_out) == 0
     with pytest.raises(ValueError, match=r"held_out_fraction = 0.99 holds out 8 of the 8 task groups"):
-        split_by_task(view, 0.99)
+        split_by_task(view, 0.99, seed=0)
 
 
 def test_examples_no_bucket_holds_are_refused_by_name_or_dropped_and_counted(view, tokenizer_dir):
@@ -176,7 +179,7 @@ def test_examples_no_bucket_holds_are_refused_by_name_or_dropped_and_counted(vie
 ])
 def test_bad_data_config_names_the_key(kw, message):
     with pytest.raises(ValueError, match=message):
-        SFTDataConfig(store_dir="x", **kw)
+        sft_data("x", **kw)
 
 
 @pytest.mark.parametrize("lengths,patches,message", [
@@ -193,4 +196,4 @@ def test_bad_buckets_are_named(lengths, patches, message):
 def test_unknown_data_key_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"config.data has unknown key\(s\) \['bucket'\]"):
         SFTDataConfig.from_config({"bucket": (1,)}, tmp_path)
-    assert SFTDataConfig.from_config({}, tmp_path).store_dir == str(tmp_path / "store")
+    assert SFTDataConfig.from_config(base_config().data, tmp_path).store_dir == str(tmp_path / "store")

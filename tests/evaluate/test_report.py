@@ -12,11 +12,12 @@ import pytest
 from PIL import Image
 from scipy import stats as scipy_stats
 
-from rmsweb_jax.collect.store import StoreError, StoreWriter
+from rmsweb_jax.collect.store import StoreError
 from rmsweb_jax.collect.store_fixture import retry_group
 from rmsweb_jax.evaluate import plots
 from rmsweb_jax.evaluate.report import build_report, compare, markdown, policy_figures, write_report
 from rmsweb_jax.judges.base import Verdict
+from tests.settings import store_writer
 
 SAMPLES, SEED = 10_000, 7
 PAIRS = {("t-a", s) for s in range(5)} | {("t-b", s) for s in range(4)} | {("t-c", s) for s in range(3)}
@@ -68,7 +69,7 @@ def _group(key, spec, llm: bool, policy: str):
 
 
 def write_store(path, table, *, llm: bool, policy: str):
-    with StoreWriter(path, flush_every_tasks=3, policy=policy) as store:
+    with store_writer(path, flush_every_tasks=3, policy=policy) as store:
         for key, spec in table.items():
             store.add_group(_group(key, spec, llm, policy))
     return path
@@ -234,7 +235,7 @@ def test_refusals(stores, tmp_path):
     # A programmatic verdict the "solved" rule would not give (a partial reward counted a success).
     group = retry_group("p", 0, solved_at=1, attempts=1)
     traj, recs = group[0]
-    with StoreWriter(tmp_path / "partial") as store:
+    with store_writer(tmp_path / "partial") as store:
         store.add_group([(dataclasses.replace(traj, reward=0.6), recs)])
     with pytest.raises(StoreError, match="raw reward 0.6 was judged a success"):
         policy_figures(tmp_path / "partial", {("p", 0)}, bootstrap_samples=10, seed=0)

@@ -18,7 +18,7 @@ from playwright.async_api import async_playwright
 from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher
 from rmsweb_jax.collect.records import request_id
 from rmsweb_jax.collect.retries import RetryCollector
-from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.collect.store_fixture import click_step, retry_group
 from rmsweb_jax.evaluate.viewer import marked_screenshot, write_viewer
 from rmsweb_jax.judges.base import Verdict
@@ -26,6 +26,7 @@ from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
 from rmsweb_jax.web.actions import Action
 from rmsweb_jax.web.browser import close_browser, launch_chromium, new_marker
+from tests.settings import collect_settings, store_writer
 
 TASKS = ("miniwob.login-user", "miniwob.enter-text", "miniwob.click-button")
 SEEDS = (0, 1)
@@ -74,9 +75,10 @@ def store(tmp_path_factory):
     """A real collection: K=2 retries of the teacher with mistakes on three MiniWoB++ tasks."""
     known = {t.id: t for t in load_miniwob_tasks()}
     directory = tmp_path_factory.mktemp("viewer") / "store"
-    with MiniWoBSuite() as suite, StoreWriter(directory) as writer:
+    with MiniWoBSuite() as suite, store_writer(directory) as writer:
         RetryCollector(suite, ScriptedTeacher(MISTAKES, tasks=TASKS), ProgrammaticJudge(success="solved"), writer,
-                       attempts=2, workers=2, max_steps=8, progress=False).run([known[t] for t in TASKS], SEEDS)
+                       collect_settings(
+                       attempts=2, workers=2, max_steps=8, progress=False)).run([known[t] for t in TASKS], SEEDS)
     return directory
 
 
@@ -195,7 +197,7 @@ def test_stored_markup_is_shown_as_text_and_never_runs(store, tmp_path):
     traj = dataclasses.replace(traj, task_id=task_id, seed=0, attempt=1, request_id=rid, instruction=PAYLOAD,
                                reflections=(PAYLOAD,), verdict=Verdict("failure", reason=PAYLOAD, raw=PAYLOAD),
                                success=False, final_url="javascript:window.__pwned=4", final_answer=PAYLOAD)
-    with StoreWriter(tmp_path / "hostile") as writer:
+    with store_writer(tmp_path / "hostile") as writer:
         writer.add_group([(traj, steps)])
     index = write_viewer([tmp_path / "hostile"], tmp_path / "viewer", labels=[PAYLOAD])
 
@@ -219,7 +221,7 @@ def test_stored_markup_is_shown_as_text_and_never_runs(store, tmp_path):
 
 
 def test_command_line_writes_the_viewer_and_bad_arguments_name_the_fix(tmp_path):
-    with StoreWriter(tmp_path / "store") as writer:
+    with store_writer(tmp_path / "store") as writer:
         writer.add_group(retry_group("t.a", 0, solved_at=2))
         writer.add_group(retry_group("t.b", 0, solved_at=1))
     out = tmp_path / "out"

@@ -12,11 +12,11 @@ import pytest
 
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.collect.sft_view import SFTView
-from rmsweb_jax.collect.store import StoreWriter
 from rmsweb_jax.collect.store_fixture import page_elements, task_group, write_synthetic_store
 from rmsweb_jax.mining.replay import ReferenceLogprobs, ReplaySettings, classify, replay, sample_turns
 from rmsweb_jax.web.action_text import format_action
 from rmsweb_jax.web.actions import RELATIVE, Action
+from tests.settings import store_writer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
 K = 4
@@ -96,7 +96,7 @@ def test_exactly_the_states_below_tau_are_critical(view):
 
 
 def test_labelled_detours_are_not_references(tmp_path):
-    with StoreWriter(tmp_path / "store", flush_every_tasks=8) as writer:
+    with store_writer(tmp_path / "store", flush_every_tasks=8) as writer:
         for t in range(2):
             (traj, steps), = task_group(f"synthetic.label-{t}", 0, fail_first=False, viewport=VIEWPORT, variant=t)
             steps = [dataclasses.replace(s, label="detour" if s.step == 1 else "wrong_element" if s.step == 0 else None)

@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 
 from rmsweb_jax.collect.records import StepRecord, TrajectoryRecord, request_id
-from rmsweb_jax.collect.store import StoreWriter
 from rmsweb_jax.collect.store_fixture import page_elements, screenshot
 from rmsweb_jax.judges.base import Verdict
 from rmsweb_jax.mining.rollouts import align, divergences, find_divergences, policy_id, rollout_store_dir
@@ -15,6 +14,7 @@ from rmsweb_jax.mining.state_set import StateSet, write_state_set
 from rmsweb_jax.web.action_text import format_action
 from rmsweb_jax.web.actions import RELATIVE, Action
 from rmsweb_jax.web.semantics import resolve_target
+from tests.settings import store_writer
 
 VIEWPORT = (500, 240)
 ELEMENTS = page_elements(VIEWPORT, 0)  # Word textbox, then buttons Submit, Cancel, Next, Back
@@ -90,14 +90,14 @@ ROLLOUTS = {
 def stores(tmp_path_factory):
     root = tmp_path_factory.mktemp("rollouts")
     reference = root / "store"
-    with StoreWriter(reference, policy="teacher") as store:
+    with store_writer(reference, policy="teacher") as store:
         for case in ROLLOUTS:
             if case != "stranger":
                 store.add_group(_attempt(f"synthetic.{case}", REFERENCE, success=True))
         # A group the teacher never solved: no reference for anyone.
         store.add_group(_attempt("synthetic.unsolved", REFERENCE[:2], success=False))
     rollouts = rollout_store_dir(root, "flax:sft@0123456789")
-    with StoreWriter(rollouts, policy="flax:sft@0123456789") as store:
+    with store_writer(rollouts, policy="flax:sft@0123456789") as store:
         for case, (moves, success, truncated) in ROLLOUTS.items():
             store.add_group(_attempt(f"synthetic.{case}", [(m, None) for m in moves], success=success,
                                      truncated=truncated, policy="flax:sft@0123456789"))

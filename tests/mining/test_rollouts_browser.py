@@ -8,10 +8,11 @@ import pytest
 from configs.common import base_config
 from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher
 from rmsweb_jax.collect.retries import RetryCollector
-from rmsweb_jax.collect.store import StoreError, StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import StoreError, TrajectoryStore
 from rmsweb_jax.judges.programmatic import ProgrammaticJudge
 from rmsweb_jax.mining.rollouts import find_divergences, reference_task_groups, rollout_store_dir, run_rollouts
 from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
+from tests.settings import collect_settings, store_writer
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -36,9 +37,9 @@ def test_rollouts_resume_and_diverge_at_the_injected_mistake(tmp_path):
     collector_teacher = ScriptedTeacher(REFERENCE_MISTAKES, tasks=TASKS)
     policy = ScriptedTeacher(ROLLOUT_MISTAKES, tasks=TASKS, name="rollout-teacher")
     with MiniWoBSuite() as suite:
-        with StoreWriter(reference, policy=collector_teacher.name) as store:
-            RetryCollector(suite, collector_teacher, judge, store, attempts=1, workers=2, max_steps=12,
-                           progress=False).run([known[t] for t in TASKS], SEEDS)
+        with store_writer(reference, policy=collector_teacher.name) as store:
+            RetryCollector(suite, collector_teacher, judge, store, collect_settings(attempts=1, workers=2, max_steps=12,
+                           progress=False)).run([known[t] for t in TASKS], SEEDS)
         groups = reference_task_groups(reference)
         first = groups[: len(groups) // 2]
         store_dir, summary = run_rollouts(_config(), tmp_path, policy, first, suite=suite, judge=judge)
@@ -49,7 +50,7 @@ def test_rollouts_resume_and_diverge_at_the_injected_mistake(tmp_path):
         assert (summary.collected, summary.skipped) == (len(groups) - len(first), len(first))
         # The store is this policy's: another one is refused there.
         with pytest.raises(StoreError, match="holds the trajectories of policy 'rollout-teacher'"):
-            StoreWriter(store_dir, policy="another-policy")
+            store_writer(store_dir, policy="another-policy")
 
     rollouts = TrajectoryStore(store_dir)
     trajectories = {t.key: t for t in rollouts.trajectories()}

@@ -15,13 +15,14 @@ from rmsweb_jax.sampling.chat_model import ChatModel
 from rmsweb_jax.sampling.serve import ChatServer
 from tests.sampling.server_http import KEY, chat_body, png_url, post_chat, request
 from tests.sampling.tiny_chat import tiny_checkpoint_dir
+from tests.settings import serve_settings
 
 MAX_BODY = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def server(model):
-    with ChatServer(model, api_key=KEY, max_body_bytes=MAX_BODY, max_tokens_limit=64) as server:
+    with ChatServer(model, serve_settings(api_key=KEY, max_body_bytes=MAX_BODY, max_tokens_limit=64)) as server:
         yield server
 
 
@@ -121,7 +122,7 @@ def test_concurrent_requests_share_one_generation(model):
         {"type": "text", "text": t}, {"type": "image_url", "image_url": {"url": png_url()}}]}])["messages"]
         for t in tasks]
     # A generous window keeps this deterministic on a loaded machine.
-    with ChatServer(model, max_batch=8, batch_window_s=0.5) as server:
+    with ChatServer(model, serve_settings(max_batch=8, batch_window_s=0.5)) as server:
         client = ChatClient(server.base_url, model.name, max_concurrency=8)
         results, barrier = [None] * 4, threading.Barrier(4)
 
@@ -147,7 +148,7 @@ def test_a_prompt_too_long_is_refused_before_it_joins_a_batch(model):
     # good request sent with it generates alone (one complete() call) and never waits on it.
     too_long = [{"role": "user", "content": "hello world " * 4200}]
     good = chat_body(model)["messages"]
-    with ChatServer(model, batch_window_s=0.5) as server:
+    with ChatServer(model, serve_settings(batch_window_s=0.5)) as server:
         client = ChatClient(server.base_url, model.name, backoff_s=0.01)
         outcome = {}
 
@@ -173,7 +174,7 @@ def test_generation_failure_is_a_500_and_the_server_survives(model):
     closed = ChatModel(model.model, model.tokenizer, name=model.name, image_config=model.image_config,
                        stop_token_ids=model.stop_token_ids)
     closed.close()
-    with ChatServer(closed) as server:
+    with ChatServer(closed, serve_settings()) as server:
         client = ChatClient(server.base_url, model.name, max_retries=1, backoff_s=0.01)
         for _ in range(2):
             with pytest.raises(ChatError, match=r"HTTP 500: generation failed: RuntimeError: .*is closed") as err:

@@ -25,6 +25,7 @@ from PIL import Image
 from rmsweb_jax.sampling.serve import ChatServer
 from tests.sampling.server_http import post_chat, request
 from tests.sampling.tiny_chat import tiny_checkpoint_dir
+from tests.settings import serve_settings
 
 KEY = "limits-key"
 MiB = 1 << 20
@@ -33,7 +34,7 @@ MiB = 1 << 20
 @pytest.fixture(scope="module")
 def server(model):
     # The server's own default limits (body, image pixels, prompt bytes, pending requests).
-    with ChatServer(model, api_key=KEY, max_tokens_limit=16) as server:
+    with ChatServer(model, serve_settings(api_key=KEY, max_tokens_limit=16)) as server:
         yield server
 
 
@@ -158,7 +159,7 @@ def test_no_body_gets_a_5xx(server, model, overrides):
 @pytest.mark.slow  # 6 s alone, ~35 s on a 2-core machine shared with other test runs
 def test_a_burst_of_200_requests_is_answered_without_resets(model):
     n = 200
-    with ChatServer(model, max_tokens_limit=4) as server:
+    with ChatServer(model, serve_settings(max_tokens_limit=4)) as server:
         body = json.dumps(text_body(model)).encode()
         assert post(server, body, key=None)[0] == 200  # compiled before the burst
         barrier, results = threading.Barrier(n), [None] * n

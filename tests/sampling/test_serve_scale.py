@@ -20,11 +20,12 @@ from rmsweb_jax.sampling.sampler import SamplingParams
 from rmsweb_jax.sampling.serve import ChatServer, default_max_tokens_buckets, serving_config
 from tests.sampling.server_http import chat_body, png_url, post_chat, request
 from tests.sampling.tiny_chat import tiny_checkpoint_dir
+from tests.settings import serve_settings
 
 
 @pytest.fixture(scope="module")
 def server(model):
-    with ChatServer(model, max_tokens_limit=64) as server:  # buckets 16, 32, 64
+    with ChatServer(model, serve_settings(max_tokens_limit=64)) as server:  # buckets 16, 32, 64
         yield server
 
 
@@ -41,7 +42,7 @@ def test_default_buckets_are_powers_of_two_then_the_limit():
 
 def test_buckets_that_cannot_hold_the_limit_are_refused(model):
     with pytest.raises(ValueError, match=r"max_tokens_buckets \[16, 32\] .* max_tokens_limit 64"):
-        ChatServer(model, max_tokens_limit=64, max_tokens_buckets=[32, 16])
+        ChatServer(model, serve_settings(max_tokens_limit=64, max_tokens_buckets=[32, 16]))
 
 
 def test_max_tokens_in_one_bucket_reuse_one_program_and_give_the_unbucketed_text(server, model):
@@ -66,7 +67,7 @@ def test_max_tokens_in_one_bucket_reuse_one_program_and_give_the_unbucketed_text
 
 def test_requests_whose_max_tokens_share_a_bucket_share_a_generation(model):
     conversations = [_text_chat("Click the button."), _text_chat("Scroll down and open the second link.")]
-    with ChatServer(model, max_tokens_limit=64, batch_window_s=0.5) as server:
+    with ChatServer(model, serve_settings(max_tokens_limit=64, batch_window_s=0.5)) as server:
         replies, barrier = [None, None], threading.Barrier(2)
 
         def call(i, max_tokens):
@@ -114,7 +115,7 @@ def test_n_choices_are_cut_at_max_tokens(server, model):
 
 
 def test_model_name_is_listed_carried_and_checked(model):
-    with ChatServer(model, model_name="agent-v2") as server:
+    with ChatServer(model, serve_settings(model_name="agent-v2")) as server:
         assert request(server, "GET", "/v1/models", key=None)[1]["data"][0]["id"] == "agent-v2"
         status, reply = post_chat(server, chat_body(model, model="agent-v2"), key=None)
         assert status == 200 and reply["model"] == "agent-v2", reply
@@ -150,7 +151,7 @@ def test_bfloat16_loads_bfloat16_weights_and_serves(tmp_path):
     model = ChatModel.load(f"hf:{tiny_checkpoint_dir()}", tmp_path, config=config, max_batch=1)
     try:
         assert {leaf.dtype for leaf in jax.tree.leaves(nnx.state(model.model, nnx.Param))} == {jnp.dtype(jnp.bfloat16)}
-        with ChatServer(model, max_tokens_limit=16) as server:
+        with ChatServer(model, serve_settings(max_tokens_limit=16)) as server:
             status, reply = post_chat(server, chat_body(model, max_tokens=4), key=None)
         assert status == 200 and reply["usage"]["completion_tokens"] >= 1, reply
     finally:

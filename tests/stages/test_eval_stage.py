@@ -8,7 +8,7 @@ import re
 import pytest
 
 from configs.common import base_config
-from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.collect.store_fixture import task_group
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.evaluate.stats import mcnemar_exact, wilson_interval
@@ -16,6 +16,7 @@ from rmsweb_jax.main import run_stages
 from rmsweb_jax.sampling.chat_model import checkpoint_name
 from rmsweb_jax.stages import eval as eval_stage
 from rmsweb_jax.train.metrics import MetricsWriter
+from tests.settings import store_writer
 
 TASKS = ("miniwob.click-test", "miniwob.click-button")
 
@@ -33,7 +34,7 @@ def _config(**eval_fields):
 
 
 def _training_store(directory: pathlib.Path, seeds) -> pathlib.Path:
-    with StoreWriter(directory) as store:
+    with store_writer(directory) as store:
         for task in TASKS:
             for s in seeds:
                 store.add_group(task_group(task, s, fail_first=False, viewport=(500, 240), variant=s))

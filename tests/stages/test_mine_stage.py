@@ -10,13 +10,13 @@ import pytest
 from PIL import Image
 
 from rmsweb_jax.collect.sft_view import SFTView
-from rmsweb_jax.collect.store import StoreWriter
 from rmsweb_jax.collect.store_fixture import task_group, write_synthetic_store
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.main import run_stages
 from rmsweb_jax.mining.state_set import StateSet
 from rmsweb_jax.mining.taxonomy import TAXONOMY
 from rmsweb_jax.stages.mine import merge_rollout_states, select_states
+from tests.settings import store_writer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
 VIEWPORT = (200, 120)
@@ -48,7 +48,7 @@ def _config():
 
 def _store(path):
     write_synthetic_store(path, tasks=3, seeds=2, viewport=VIEWPORT)
-    with StoreWriter(path) as writer:  # two more groups whose click step is a labelled teacher detour
+    with store_writer(path) as writer:  # two more groups whose click step is a labelled teacher detour
         for t in range(2):
             (traj, steps), = task_group(f"synthetic.detour-{t}", 0, fail_first=False, viewport=VIEWPORT, variant=t)
             writer.add_group([(traj, [dataclasses.replace(s, label="detour" if s.step == 1 else None)

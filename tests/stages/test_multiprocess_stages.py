@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.stages import multiprocess_configs as configs
+from tests.settings import collect_settings, store_writer
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFIG = "tests/stages/multiprocess_configs.py"
@@ -254,7 +255,7 @@ def test_mine_rollouts_on_two_processes_play_each_group_once_and_find_what_one_p
     # its reference at the first step whatever its prompt held (the page URL's port differs between runs).
     from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher
     from rmsweb_jax.collect.retries import RetryCollector
-    from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+    from rmsweb_jax.collect.store import TrajectoryStore
     from rmsweb_jax.judges.programmatic import ProgrammaticJudge
     from rmsweb_jax.mining.state_set import StateSet
     from rmsweb_jax.stages.sft import load_split, split_path, split_record
@@ -263,9 +264,10 @@ def test_mine_rollouts_on_two_processes_play_each_group_once_and_find_what_one_p
     known = {t.id: t for t in load_miniwob_tasks()}
     store = tmp_path / "store"
     teacher = ScriptedTeacher(MistakeConfig(), tasks=tasks)
-    with MiniWoBSuite() as suite, StoreWriter(store, policy=teacher.name) as writer:
-        RetryCollector(suite, teacher, ProgrammaticJudge(success="solved"), writer, attempts=1, workers=1,
-                       max_steps=6, progress=False).run([known[t] for t in tasks], (0, 1))
+    with MiniWoBSuite() as suite, store_writer(store, policy=teacher.name) as writer:
+        RetryCollector(suite, teacher, ProgrammaticJudge(success="solved"), writer,
+                       collect_settings(attempts=1, workers=1,
+                       max_steps=6, progress=False)).run([known[t] for t in tasks], (0, 1))
     config = configs.mine_rollouts()
     config.data.store_dir = str(store)
     one, two = tmp_path / "one", tmp_path / "two"

@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from rmsweb_jax.collect.sft_view import SFTView
-from rmsweb_jax.collect.store import StoreWriter
 from rmsweb_jax.collect.store_fixture import task_group, write_synthetic_store
 from rmsweb_jax.data.sft import SFTDataConfig, split_by_task
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.stages.sft import saved_split, split_path, split_record
+from tests.settings import store_writer
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "configs"))
 FRACTION = 0.25
@@ -45,7 +45,7 @@ def test_groups_added_after_sft_change_nothing(tmp_path):
     assert len(held_keys) == 2 and len(train_keys) == 6 and not train_keys & held_keys
 
     # Collection goes on after sft: four more task groups.
-    with StoreWriter(tmp_path / "store") as store:
+    with store_writer(tmp_path / "store") as store:
         for t in range(4):
             store.add_group(task_group(f"synthetic.late-{t}", 0, fail_first=False, viewport=(200, 120), variant=t))
     grown = SFTView(tmp_path / "store")

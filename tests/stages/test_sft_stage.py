@@ -11,11 +11,11 @@ import pytest
 
 from rmsweb_jax.agents.prompt import prompt_config_from
 from rmsweb_jax.collect.sft_view import SFTView
-from rmsweb_jax.data.sft import SFTBatches, SFTDataConfig, split_by_task
-from rmsweb_jax.collect.store import StoreWriter
+from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches, SFTDataConfig, split_by_task
 from rmsweb_jax.collect.store_fixture import task_group, write_synthetic_store
 from rmsweb_jax.main import run_stages
 from rmsweb_jax.processing.image import ImageProcessorConfig
+from tests.settings import store_writer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
 
@@ -67,15 +67,15 @@ def test_sft_then_action_accuracy_on_a_small_store(tmp_path):
     saved = manager.restore(STEPS, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data
     manager.close()
     data = SFTDataConfig.from_config(config.data, tmp_path)
-    with SFTBatches(view, split.train, data, tokenizer_dir=summary["init_dir"], image_config=ImageProcessorConfig(),
-                    rows=ROWS, prompt_config=prompt_config_from(config)) as batches:
+    encoder = EncodeSFTExample(summary["init_dir"], ImageProcessorConfig(), prompt_config_from(config), mask=data.mask)
+    with SFTBatches(view, split.train, data, encoder, rows=ROWS) as batches:
         for _ in range(STEPS):
             next(batches)
         assert saved == {"kind": "json", "value": batches.get_state()}
     assert saved["value"]["parent"]["next_index"] == STEPS * ROWS
 
     # Collection goes on between the stages: four more task groups reach the store.
-    with StoreWriter(store) as writer:
+    with store_writer(store) as writer:
         for t in range(4):
             writer.add_group(task_group(f"synthetic.late-{t}", 0, fail_first=False, viewport=(200, 120), variant=t))
     config.stages = ("action_accuracy",)

@@ -8,13 +8,14 @@ import pathlib
 import pytest
 
 from configs.common import base_config
-from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.collect.store_fixture import retry_group
 from rmsweb_jax.evaluate.stats import mcnemar_exact, paired_bootstrap_interval, wilson_interval
 from rmsweb_jax.main import STAGES, run_stages
 from rmsweb_jax.stages import links, manifest, table
 from rmsweb_jax.train.metrics import read_metrics
 from tests.stages.micro_pipeline import micro_pipeline_config
+from tests.settings import store_writer
 
 TASKS = ("t0", "t1", "t2", "t3")
 SEEDS = range(5)
@@ -22,7 +23,7 @@ PAIRS = {(t, s) for t in TASKS for s in SEEDS}
 
 
 def _write(path: pathlib.Path, solved: set, steps: int, policy: str) -> str:
-    with StoreWriter(path, flush_every_tasks=4, policy=policy) as store:
+    with store_writer(path, flush_every_tasks=4, policy=policy) as store:
         for task, seed in sorted(PAIRS):
             store.add_group(retry_group(task, seed, solved_at=1 if (task, seed) in solved else None, attempts=1,
                                         steps=steps, policy=policy))

@@ -20,14 +20,12 @@ from rmsweb_jax.main import run_stages
 from rmsweb_jax.mining.state_set import CriticalState, state_id, write_state_set
 from rmsweb_jax.train.metrics import read_metrics
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
-
 STEPS = 3
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _config():
-    from common import base_config
+    from configs.common import base_config
     c = base_config()
     c.stages = ("salvage",)
     c.mesh.shape = (1, 1, 1)
@@ -93,23 +91,27 @@ def test_salvage_trains_through_the_anchor_and_resumes_exactly(tmp_path):
     losses = {s: m["loss"] for s, m in metrics.items()}
     assert losses[3] < losses[1]  # the anchor NLL on the reference tool calls falls
 
-    # kill -9 a second run after its first checkpoint, rerun it: it resumes there and every loss and
-    # the sampler's draws equal the uninterrupted run's.
+    # kill -9 a second run in its second update (step 1 checkpointed, step 2's groups drawn), rerun it:
+    # it resumes at step 1 and every loss and the sampler's draws equal the uninterrupted run's. The
+    # victim waits there for the kill (see __main__), so however fast the machine, it cannot finish first.
     killed = tmp_path / "killed"
     (killed / "mine").mkdir(parents=True)
     shutil.copy(tmp_path / "mine" / "states.arrayrecord", killed / "mine")
-    command = [sys.executable, "-m", "tests.salvage.test_salvage_stage", str(killed)]
+    at_step_2 = tmp_path / "at_step_2"
+    command = [sys.executable, "-m", "tests.salvage.test_salvage_stage", str(killed), str(at_step_2)]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     with open(tmp_path / "killed.log", "w") as log:
         victim = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + 900
-        while time.time() < deadline and victim.poll() is None and not _checkpoints(killed / "salvage"):
-            time.sleep(0.01)
+        while time.time() < deadline and victim.poll() is None and not at_step_2.exists():
+            time.sleep(0.05)
+        assert at_step_2.exists(), (victim.poll(), (tmp_path / "killed.log").read_text()[-3000:])
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=60)
     assert victim.returncode == -signal.SIGKILL, (victim.returncode, (tmp_path / "killed.log").read_text()[-3000:])
     saved = _checkpoints(killed / "salvage")
     assert saved and saved[-1] < STEPS and not (killed / "salvage" / "summary.json").exists(), saved
+    assert saved == [1] and sorted(read_metrics(killed / "salvage" / "metrics.jsonl")) == [1], saved
     run_stages(_config(), killed)
     again = json.loads((killed / "salvage" / "summary.json").read_text())
     assert again["resumed_from"] == saved[-1] and again["steps"] == STEPS
@@ -128,4 +130,15 @@ def _checkpoints(run_dir):
 
 
 if __name__ == "__main__":  # the run that test_salvage_trains_through_the_anchor_and_resumes_exactly kills
+    from rmsweb_jax.train.loop import Trainer
+    take_step = Trainer.step
+
+    def wait_for_the_kill_at_step_2(self, *args, **kwargs):
+        if self.step_count == 1:  # step 1 is checkpointed and step 2's groups drawn: say so, wait to be killed
+            pathlib.Path(sys.argv[2]).touch()
+            time.sleep(3600)
+            raise SystemExit("not killed within an hour")
+        take_step(self, *args, **kwargs)
+
+    Trainer.step = wait_for_the_kill_at_step_2
     run_stages(_config(), sys.argv[1])

@@ -41,41 +41,45 @@ def _training_store(directory: pathlib.Path, seeds) -> pathlib.Path:
     return directory
 
 
-def test_the_stage_refuses_what_cannot_be_an_honest_evaluation(tmp_path, capsys):
+REFUSALS = {  # id: (config.eval fields, the UserError's message); "{tmp}" is the test's workdir
+    "seeds_trained_on": (dict(policies="teacher", first_seed=1, num_seeds=3), re.escape(
+        "4 (task, seed) pairs were trained on, e.g. [('miniwob.click-button', 1), ('miniwob.click-button', 2), "
+        "('miniwob.click-test', 1)]") + ".*--config.eval.first_seed=3"),
+    "no_training_store": (dict(policies="teacher", first_seed=1, num_seeds=3, training_store="{tmp}/elsewhere"),
+                          r"no trajectory store at .*elsewhere .*training_store=/path/to/store.*'none'"),
+    "unknown_policy": (dict(policies="gpt:4", first_seed=3),
+                       r"eval.policies 'gpt:4': unknown policy; expected one of sft, salvage, teacher, hf:/path"),
+    "empty_policies": (dict(policies=" , ", first_seed=3), r"eval.policies is empty"),
+    "no_sft_export": (dict(policies="sft,teacher", first_seed=3), r"names 'sft' but .*sft/hf holds no HF export .*run the sft stage"),
+    "no_hf_checkpoint": (dict(policies="hf:/no/such/ckpt", first_seed=3),
+                         r"eval.policies 'hf:/no/such/ckpt': /no/such/ckpt holds no HF checkpoint"),
+    "label_twice": (dict(policies="teacher,teacher", first_seed=3),
+                    r"both labelled 'teacher'; label one of them: '<label>=teacher'"),
+    "bad_label": (dict(policies="a b=teacher", first_seed=3), r"label 'a b' may hold only letters"),
+    "http_without_model": (dict(policies="http:http://127.0.0.1:9/v1", first_seed=3), r"expected 'http:<base_url>#<model>'"),
+    "compare_unknown_label": (dict(policies="ref=teacher", compare="ref:b", first_seed=3),
+                              r"eval.compare 'ref:b': \['b'\] not among the policies' labels \['ref'\]"),
+    "no_seeds": (dict(policies="teacher", num_seeds=0), r"eval.num_seeds must be an int >= 1, got 0"),
+}
+
+
+@pytest.mark.parametrize("eval_fields, message", REFUSALS.values(), ids=REFUSALS.keys())
+def test_the_stage_refuses_what_cannot_be_an_honest_evaluation(tmp_path, eval_fields, message):
     _training_store(tmp_path / "store", seeds=range(3))
-    config = _config(policies="teacher", first_seed=1, num_seeds=3)
-    with pytest.raises(UserError, match=re.escape("4 (task, seed) pairs were trained on, e.g. "
-                                                  "[('miniwob.click-button', 1), ('miniwob.click-button', 2), "
-                                                  "('miniwob.click-test', 1)]") + ".*--config.eval.first_seed=3"):
-        run_stages(config, tmp_path)
+    fields = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in eval_fields.items()}
+    with pytest.raises(UserError, match=message):
+        run_stages(_config(**fields), tmp_path)
+    assert not (tmp_path / "eval").exists()  # nothing was played or written
+
+
+def test_live_suites_are_refused_by_task_id_and_comparisons_read_their_setting(tmp_path, capsys):
     # Live suites cannot be seeded apart: a task id seen in training is refused whatever the seed.
     with pytest.raises(UserError, match=r"live webvoyager suite .* 1 task ids, e.g. \['wv.1'\]"):
         eval_stage.check_disjoint([("wv.1", 7), ("wv.2", 7)], {("wv.1", 0)}, "webvoyager", "store")
     eval_stage.check_disjoint([("wv.2", 0)], {("wv.1", 0)}, "webvoyager", "store")
-    config.eval.training_store = "none"
+    config = _config(policies="teacher", first_seed=1, num_seeds=3, training_store="none")
     eval_stage.check_training_seeds(config, tmp_path, [(TASKS[0], 1)], "miniwob")
     assert "NOT checked against the seeds" in capsys.readouterr().out
-    config.eval.training_store = str(tmp_path / "elsewhere")
-    with pytest.raises(UserError, match=r"no trajectory store at .*elsewhere .*training_store=/path/to/store.*'none'"):
-        run_stages(config, tmp_path)
-
-    cases = {
-        "gpt:4": r"eval.policies 'gpt:4': unknown policy; expected one of sft, salvage, teacher, hf:/path",
-        " , ": r"eval.policies is empty",
-        "sft,teacher": r"names 'sft' but .*sft/hf holds no HF export .*run the sft stage",
-        "hf:/no/such/ckpt": r"eval.policies 'hf:/no/such/ckpt': /no/such/ckpt holds no HF checkpoint",
-        "teacher,teacher": r"both labelled 'teacher'; label one of them: '<label>=teacher'",
-        "a b=teacher": r"label 'a b' may hold only letters",
-        "http:http://127.0.0.1:9/v1": r"expected 'http:<base_url>#<model>'",
-    }
-    for policies, message in cases.items():
-        with pytest.raises(UserError, match=message):
-            run_stages(_config(policies=policies, first_seed=3), tmp_path)
-    with pytest.raises(UserError, match=r"eval.compare 'ref:b': \['b'\] not among the policies' labels \['ref'\]"):
-        run_stages(_config(policies="ref=teacher", compare="ref:b", first_seed=3), tmp_path)
-    with pytest.raises(UserError, match=r"eval.num_seeds must be an int >= 1, got 0"):
-        run_stages(_config(policies="teacher", num_seeds=0), tmp_path)
-    assert not (tmp_path / "eval").exists()  # nothing was played or written
     assert eval_stage.comparisons("", ["a", "b", "c"]) == [("a", "b"), ("a", "c")]
     assert eval_stage.comparisons("c:b", ["a", "b", "c"]) == [("c", "b")]
 

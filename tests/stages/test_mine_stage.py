@@ -3,8 +3,6 @@ mine replays every reference step of the training split (never a held-out group,
 detour) and writes the state set, whose examples are the SFT view's, and the report."""
 import dataclasses
 import json
-import os
-import sys
 
 import pytest
 from PIL import Image
@@ -18,12 +16,11 @@ from rmsweb_jax.mining.taxonomy import TAXONOMY
 from rmsweb_jax.stages.mine import merge_rollout_states, select_states
 from tests.settings import store_writer
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
 VIEWPORT = (200, 120)
 
 
 def _config():
-    from common import base_config
+    from configs.common import base_config
     c = base_config()
     c.model.init = "random:demo"
     c.model.scan_layers = False
@@ -162,6 +159,8 @@ def test_mine_with_rollouts_in_the_browser(tmp_path):
     assert counts["rollouts"] == len(split["train_task_groups"]) == 3
     assert counts["rollouts"] == counts["solved"] + counts["failed"] + counts["undecided"]
     assert counts["failed"] == counts["diverged"] + counts["matched_throughout"] + counts["no_reference"]
+    # The invariants below speak of rollout states: the two-step policy must have left the teacher's path.
+    assert counts["diverged"] >= 1, counts
     assert (tmp_path / "mine" / "rollouts").is_dir() and counts["store"].startswith(str(tmp_path / "mine" / "rollouts"))
     states = StateSet(tmp_path / "mine" / "states.arrayrecord")
     rollout = [s for s in states if s.source == "rollout"]

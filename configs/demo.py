@@ -26,8 +26,8 @@ A toy-scale run on a scripted collector's data: see README's demo section for fi
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import base_config  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for configs.*
+from configs.common import base_config  # noqa: E402
 
 # Task types a small model can learn from an element list (issue 14's calibration).
 DEMO_TASKS = ("click-dialog", "click-dialog-2", "focus-text", "focus-text-2", "click-button", "click-link",

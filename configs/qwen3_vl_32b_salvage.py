@@ -11,9 +11,8 @@ the mesh); the planner sizes the train step and the sampler's KV cache, which ne
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-import pod_slices  # noqa: E402
-import qwen3_vl_32b_sft  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for configs.*
+from configs import pod_slices, qwen3_vl_32b_sft  # noqa: E402
 
 
 def get_config(arg=None):

@@ -12,10 +12,9 @@ Layout choices: configs/pod_slices.py.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-import pod_slices  # noqa: E402
-import qwen3_vl_32b  # noqa: E402
-from pod_slices import Slice  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for configs.*
+from configs import pod_slices, qwen3_vl_32b  # noqa: E402
+from configs.pod_slices import Slice  # noqa: E402
 
 SLICES = {
     # v5p-128 = 64 chips of 95 GB. The fp32 state is 535 GB: over 64 chips 8.4 GB each. tensor 8 (64 / 8

@@ -6,8 +6,8 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import base_config  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for configs.*
+from configs.common import base_config  # noqa: E402
 
 
 def get_config(arg=None):

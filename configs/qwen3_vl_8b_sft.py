@@ -12,10 +12,9 @@ the Hugging Face Hub: text hidden 4096, 36 layers, 32 query / 8 KV heads of 128,
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-import pod_slices  # noqa: E402
-import qwen3_vl_8b  # noqa: E402
-from pod_slices import Slice  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for configs.*
+from configs import pod_slices, qwen3_vl_8b  # noqa: E402
+from configs.pod_slices import Slice  # noqa: E402
 
 SLICES = {
     # v5p-64 = 32 chips of 95 GB. fsdp 16 x tensor 2: the fp32 state (16 bytes a parameter, 140 GB) is

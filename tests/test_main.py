@@ -119,8 +119,7 @@ def test_missing_flags_fail_with_usage():
 
 
 def test_bad_model_init_is_named(tmp_path):
-    sys.path.insert(0, os.path.join(REPO, "configs"))
-    from common import base_config
+    from configs.common import base_config
     from rmsweb_jax.model_init import load_model
     config = base_config()
     config.model.init = "s3://bucket/model"
@@ -151,8 +150,7 @@ def test_shipped_configs_are_valid(name):
 
 def test_the_demo_runs_the_whole_recipe_and_its_argument_is_the_run_seed():
     from rmsweb_jax.stages.salvage import train_config
-    sys.path.insert(0, os.path.join(REPO, "configs"))
-    from demo import get_config
+    from configs.demo import get_config
     config = get_config()
     assert entry.stage_names(config.stages) == ["model", "collect", "sft", "mine", "salvage", "eval", "table"]
     assert set(config.eval.policies.split(",")) >= {"sft", "salvage"}  # the table's policy rows

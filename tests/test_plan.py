@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from configs.common import base_config
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import qwen3_vl, sharding
 from rmsweb_jax.models.qwen3_vl.config import RuntimeOptions, tiny
@@ -23,8 +24,6 @@ from rmsweb_jax.train.step import ModelParts, TrainStep, init_train_state, param
 from rmsweb_jax.train.synthetic_batches import random_examples
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "configs"))
-from common import base_config  # noqa: E402
 
 PRESETS = [f"qwen3_vl_{size}_{stage}:{chip}" for size in ("8b", "32b") for stage in ("sft", "salvage")
            for chip in ("v5p", "v6e")]

@@ -1,8 +1,6 @@
 """An in-process model policy is named after its checkpoint's weights (not "flax:rmsweb" for all),
 and a collection store refuses a second policy, naming both."""
-import pathlib
 import shutil
-import sys
 
 import pytest
 
@@ -21,8 +19,7 @@ from tests.settings import collect_settings, store_writer
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """Returns (FlaxPolicy over ChatModel.load('random:tiny'), its checkpoint folder)."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "configs"))
-    from common import base_config
+    from configs.common import base_config
     workdir = tmp_path_factory.mktemp("tiny")
     policy = FlaxPolicy(ChatModel.load("random:tiny", workdir, max_batch=1),
                         PromptBuilder(prompt_config_from(base_config())), owns_model=True)

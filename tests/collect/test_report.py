@@ -3,8 +3,6 @@ browser-fault reruns apart from attempts), the success rule it names and checks,
 config errors."""
 import dataclasses
 import json
-import pathlib
-import sys
 
 import ml_collections
 import pytest
@@ -106,8 +104,7 @@ def test_report_files(tmp_path):
 
 
 def test_stage_config_errors_are_named(tmp_path):
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "configs"))
-    from common import base_config
+    from configs.common import base_config
 
     from rmsweb_jax.judges.from_config import judge_from_config
     from rmsweb_jax.stages import collect as stage

@@ -16,11 +16,10 @@ from rmsweb_jax.stages import sft
 from tests.settings import store_writer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "configs"))
 
 
 def _config(store):
-    from common import base_config
+    from configs.common import base_config
     config = base_config()
     config.data.store_dir = str(store)
     return config

@@ -1,7 +1,5 @@
 """The evaluation charts, checked pixel by pixel, and the TensorBoard reader on logs the trainer writes."""
 import math
-import os
-import sys
 import time
 
 import numpy as np
@@ -11,8 +9,6 @@ from PIL import Image
 from rmsweb_jax.evaluate.plots import WHISKER_COLOR, policy_color, success_by_task_png, training_curves_png
 from rmsweb_jax.evaluate.tb_events import read_scalars
 from rmsweb_jax.train.metrics import MetricsWriter, read_metrics
-
-CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
 
 
 def _mask(img: np.ndarray, color) -> np.ndarray:
@@ -170,8 +166,7 @@ def test_training_curves_draw_each_stage_in_its_row(tmp_path):
 
 @pytest.mark.slow  # a tiny model's real training run: ~30 s on 2 cores
 def test_training_curves_from_a_real_trainer_log(tmp_path):
-    sys.path.insert(0, CONFIGS)
-    from common import base_config
+    from configs.common import base_config
 
     from rmsweb_jax.train import SyntheticBatches, Trainer, random_examples
     config = base_config()

@@ -4,8 +4,6 @@ majority failure mode; labelled detours are skipped. The sampling path and the r
 run on a real random model: K turns per state, and log p(reference action) equal to log_softmax of
 the model's own logits over the action-only span."""
 import dataclasses
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -18,13 +16,12 @@ from rmsweb_jax.web.action_text import format_action
 from rmsweb_jax.web.actions import RELATIVE, Action
 from tests.settings import store_writer
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
 K = 4
 VIEWPORT = (200, 120)
 
 
 def _config():
-    from common import base_config
+    from configs.common import base_config
     c = base_config()
     c.mesh.shape = (1, 1, 1)
     c.mine.samples = K

@@ -1,14 +1,10 @@
 """config.salvage.train: Salvage-DS's own batch size, length and learning rate over config.train."""
-import os
-import sys
 
 import pytest
 
+from configs.common import base_config
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.stages.salvage import train_config
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
-from common import base_config  # noqa: E402
 
 
 def test_the_defaults_keep_config_train():

@@ -5,11 +5,8 @@
 Every process of a run and the one-process reference load the same file, so the only difference
 between them is how the 8 CPU devices are spread over processes (XLA_FLAGS, RMSWEB_DISTRIBUTED).
 """
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "configs"))
-from common import base_config  # noqa: E402
+from configs.common import base_config
 
 SALVAGE_STEPS = 2
 

@@ -2,8 +2,6 @@
 fixed store), and — closed loop in real Chromium — a policy overfit on a handful of scripted click-test
 episodes plays its own actions back through the eval stage, which measures it on held-out seeds only."""
 import json
-import os
-import sys
 
 import pytest
 
@@ -12,11 +10,9 @@ from rmsweb_jax.errors import UserError
 from rmsweb_jax.main import run_stages
 from rmsweb_jax.stages import eval as eval_stage
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
-
 
 def _demo_config(steps: int, rows: int):
-    from demo import get_config
+    from configs.demo import get_config
     c = get_config()
     c.mesh.shape = (1, 1, 1)
     c.collect.progress = False

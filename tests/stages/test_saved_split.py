@@ -2,8 +2,6 @@
 task groups added to the store after sft land on neither side, and no training group is ever
 held out. (No model here; test_sft_stage.py runs both stages end to end.)"""
 import json
-import pathlib
-import sys
 
 import pytest
 
@@ -14,12 +12,11 @@ from rmsweb_jax.errors import UserError
 from rmsweb_jax.stages.sft import saved_split, split_path, split_record
 from tests.settings import store_writer
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "configs"))
 FRACTION = 0.25
 
 
 def _config():
-    from common import base_config
+    from configs.common import base_config
     c = base_config()
     c.data.held_out_fraction = FRACTION
     return c

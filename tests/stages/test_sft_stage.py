@@ -2,8 +2,6 @@
 state is checkpointed with the model, the HF export is evaluated on the held-out task groups that
 sft wrote down, even after more groups reach the store between the two stages."""
 import json
-import os
-import sys
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -17,13 +15,12 @@ from rmsweb_jax.main import run_stages
 from rmsweb_jax.processing.image import ImageProcessorConfig
 from tests.settings import store_writer
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
 
 STEPS, ROWS = 6, 2
 
 
 def _config():
-    from common import base_config
+    from configs.common import base_config
     c = base_config()
     c.stages = ("sft", "action_accuracy")
     c.model.init = "random:tiny"

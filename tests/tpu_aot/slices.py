@@ -10,16 +10,12 @@ import dataclasses
 import importlib
 import json
 import os
-import pathlib
-import sys
 
 import pytest
 
 from rmsweb_jax.models import qwen3_vl
 from rmsweb_jax.models.from_config import mesh_from_config, rules_from_config
 from rmsweb_jax.plan import compiled, planner, tpu_aot
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "configs"))
 
 TOLERANCE = 0.15  # the issue's bound: every compiled peak within 15% of the planner's figure
 
@@ -36,7 +32,7 @@ def slice_config(size: str, chip: str, mesh_shape, *, rows_per_device: int = 1, 
     """Returns the `size` salvage preset for `chip` with `mesh_shape`, running `stages`, at test shapes: rows of
     2,048 tokens with one 1,024-patch image, 2 microbatches of `rows_per_device` rows a device, sampler calls of
     2 prompts x G = 8 with 128 new tokens."""
-    c = importlib.import_module(f"qwen3_vl_{size}_salvage").get_config(chip)
+    c = importlib.import_module(f"configs.qwen3_vl_{size}_salvage").get_config(chip)
     c.stages = tuple(stages)
     c.mesh.shape = tuple(mesh_shape)
     dp = mesh_shape[0] * mesh_shape[1]

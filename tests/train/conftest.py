@@ -1,16 +1,11 @@
 """One random tiny checkpoint (with the tiny tokenizer) for every trainer test of the session."""
-import os
-import sys
-
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """Returns the directory of an HF-format random tiny Qwen3-VL (what 'random:tiny' writes)."""
-    from common import base_config
+    from configs.common import base_config
 
     from rmsweb_jax.model_init import load_model
     config = base_config()

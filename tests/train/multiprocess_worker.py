@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import pathlib
-import sys
 
 import numpy as np
 
@@ -94,8 +93,7 @@ def _flat_params(params) -> dict[str, np.ndarray]:
 
 
 def _config(init: str):
-    sys.path.insert(0, str(REPO / "configs"))
-    from common import base_config
+    from configs.common import base_config
     c = base_config()
     c.model.init = f"hf:{init}"
     c.mesh.shape = (1, -1, 1)

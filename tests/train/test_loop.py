@@ -22,7 +22,7 @@ from rmsweb_jax.models.qwen3_vl import from_hf
 from rmsweb_jax.train import NonFiniteError, SyntheticBatches, Trainer, random_examples
 from rmsweb_jax.train.metrics import read_metrics
 
-from common import base_config  # configs/ (on the path via tests/train/conftest.py)
+from configs.common import base_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, EVERY = 60, 10

@@ -9,7 +9,7 @@ from rmsweb_jax.train import Trainer
 from rmsweb_jax.train.metrics import read_metrics
 from rmsweb_jax.train.rl_loss import RLLossSettings, make_salvage_loss
 
-from common import base_config  # configs/ (on the path via tests/train/conftest.py)
+from configs.common import base_config
 
 ROWS, LENGTH, PROMPT = 8, 20, 10
 

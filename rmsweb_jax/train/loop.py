@@ -7,7 +7,7 @@
 
     trainer = Trainer(config, workdir, name="salvage", loss_fn=make_salvage_loss(settings, impl))
     sampler = Sampler(trainer.model(), ...)
-    per update:  sample groups with sampler; build the host batch (train/rl_loss.py's rows)
+    per update:  sample groups with sampler; build the host batch (salvage/batches.py's rows)
                  host["token_old_logprobs"] = trainer.token_logprobs(host)   # the trainer's own numerics
                  trainer.step(host, data_state)
                  trainer.sync_model(sampler.model); sampler.refresh()        # the step donated the old arrays
@@ -36,6 +36,7 @@ import jax
 import numpy as np
 from absl import logging
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from rmsweb_jax import storage
 from rmsweb_jax.models.from_config import runtime_from_config
@@ -327,7 +328,6 @@ def _over_processes(local: list[float]) -> list[float]:
     not spread evenly (anchor rows fill the first processes' rows), so count x process_count would be wrong."""
     if jax.process_count() == 1:
         return [float(x) for x in local]
-    from jax.experimental import multihost_utils
     gathered = multihost_utils.process_allgather(np.asarray(local, np.float64))
     return [float(x) for x in np.asarray(gathered).reshape(jax.process_count(), -1).sum(axis=0)]
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+from playwright.async_api import Error as PlaywrightError
+
 from rmsweb_jax.web.page_reader import cdp_send
 from rmsweb_jax.web.safety import RequestPolicy
 
@@ -136,8 +138,8 @@ class ContextGuard:
             else:
                 self.log.blocked_urls.append(url)
                 await cdp_send(session, "Fetch.failRequest", {"requestId": event["requestId"], "errorReason": "BlockedByClient"})
-        except Exception:  # noqa: BLE001 — the page went away while the request was paused
-            pass
+        except PlaywrightError:
+            pass  # the page (or the browser session) went away while the request was paused: nothing to answer
 
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
@@ -158,16 +160,16 @@ class ContextGuard:
         self.log.dialogs.append(f"{dialog.type}: {dialog.message}")
         try:
             await dialog.dismiss()
-        except Exception:  # noqa: BLE001 — already handled or page closed
-            pass
+        except PlaywrightError:
+            pass  # the dialog was already handled, or its page closed: it no longer blocks anything
 
     async def _on_download(self, download) -> None:
         # The context refuses downloads (accept_downloads=False); cancel explicitly in case.
         self.log.refused_downloads.append(download.url)
         try:
             await download.cancel()
-        except Exception:  # noqa: BLE001
-            pass
+        except PlaywrightError:
+            pass  # the download already ended (the context refused it) or its page closed: nothing to cancel
 
     def _on_console(self, message) -> None:
         # Chromium itself refuses file:// links from web pages; it only says so on the console.

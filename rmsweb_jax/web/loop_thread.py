@@ -7,7 +7,7 @@ import math
 import threading
 from typing import Any, Awaitable, Coroutine
 
-_POLL_S = 0.2  # blocking waits wake this often, so Ctrl-C reaches the calling thread promptly
+POLL_S = 0.2  # blocking waits wake this often, so Ctrl-C reaches the calling thread promptly
 _UNWIND_S = 60.0  # after Ctrl-C, how long run_sync waits for the cancelled coroutine to close its browsers
 
 
@@ -56,9 +56,9 @@ def wait_future(future: concurrent.futures.Future, timeout_s: float) -> Any:
     waited = 0.0
     while True:
         try:
-            return future.result(timeout=_POLL_S)
+            return future.result(timeout=POLL_S)
         except concurrent.futures.TimeoutError:
-            waited += _POLL_S
+            waited += POLL_S
             if waited >= timeout_s:
                 future.cancel()
                 raise TimeoutError(f"operation did not finish within {timeout_s:g}s") from None

@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 
 from rmsweb_jax.web.browser import kill_marked
 from rmsweb_jax.web.episode import Episode, EpisodeRequest
-from rmsweb_jax.web.loop_thread import _POLL_S, LoopThread
+from rmsweb_jax.web.loop_thread import POLL_S, LoopThread
 from rmsweb_jax.web.pool import AsyncWorkerPool, EpisodePolicy
 from rmsweb_jax.web.suite import Suite
 from rmsweb_jax.web.worker import WorkerConfig
@@ -84,7 +84,7 @@ class WorkerPool:
         try:
             while True:
                 try:
-                    kind, item = out.get(timeout=_POLL_S)
+                    kind, item = out.get(timeout=POLL_S)
                 except queue.Empty:
                     continue
                 if kind == "episode":

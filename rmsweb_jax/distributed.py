@@ -55,7 +55,7 @@ def maybe_initialize_distributed(environ: Mapping[str, str] | None = None) -> bo
     kwargs = distributed_kwargs(environ)
     if kwargs is None:
         return False
-    import jax  # late: reading the env above must not need jax (and must not create a backend)
+    import jax  # deferred: reading the env above must not need jax (and must not create a backend)
 
     logging.info("jax.distributed.initialize(%s)", ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
                  or "auto-detect")

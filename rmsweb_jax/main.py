@@ -20,6 +20,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from rmsweb_jax.distributed import maybe_initialize_distributed
 from rmsweb_jax.errors import UserError
 # STAGES: stage name -> its module of rmsweb_jax.stages (the registry lives beside the runner, which the
 # `table` stage also runs on its variants' sub-workdirs).
@@ -55,7 +56,6 @@ def main(argv) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
         stage_names(_CONFIG.value.stages)  # a misspelt stage answers before the cluster starts
-        from rmsweb_jax.distributed import maybe_initialize_distributed
         maybe_initialize_distributed()  # multi-host only when RMSWEB_DISTRIBUTED=1 (see BUILD.md)
         run_stages(_CONFIG.value, _WORKDIR.value)
     except UserError as err:

@@ -22,6 +22,8 @@ from typing import Any
 
 from absl import logging
 
+from rmsweb_jax.collect.store_layout import pull_store, read_meta
+
 
 KEYS = ("prompt", "tokenizer", "image_processor")
 
@@ -80,7 +82,6 @@ def warn_if_differs(directory: str | os.PathLike, stored: dict[str, Any] | None,
 def check_provenance(store_dir: str | os.PathLike, expected: dict[str, Any]) -> list[str]:
     """Returns the keys where `expected` differs from the provenance recorded in the store at
     `store_dir` (a warning names them); [] when they agree or nothing was recorded."""
-    from rmsweb_jax.collect.store_layout import pull_store, read_meta
     local = pull_store(store_dir)  # a gs:// store's local mirror; a local one as it is
     return warn_if_differs(store_dir, read_meta(local).get("provenance"), expected)
 

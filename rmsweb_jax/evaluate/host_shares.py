@@ -12,6 +12,9 @@ from __future__ import annotations
 import pathlib
 from typing import Any, Sequence
 
+import jax
+from jax.experimental import multihost_utils
+
 from rmsweb_jax import storage
 from rmsweb_jax.collect.records import task_key
 from rmsweb_jax.collect.store import StoreWriter, TrajectoryStore
@@ -43,7 +46,6 @@ def this_hosts_share(store_dir: pathlib.Path, pairs: Sequence[tuple[Any, int]]
                      ) -> tuple[pathlib.Path, list[tuple[Any, int]]]:
     """Returns (the store this process plays into, the pairs it plays): `store_dir` and every pair on one
     process; on several, its part store and its share (host_share) of the pairs `store_dir` lacks."""
-    import jax
     hosts = jax.process_count()
     if hosts == 1:
         return store_dir, list(pairs)
@@ -54,10 +56,8 @@ def this_hosts_share(store_dir: pathlib.Path, pairs: Sequence[tuple[Any, int]]
 def merge_when_played(store_dir: pathlib.Path, what: str) -> None:
     """Once every host has played its share (`what` names the play in the barriers): process 0 merges the parts
     into `store_dir` between two barriers, so every host then reads the same store. Nothing on one process."""
-    import jax
     if jax.process_count() == 1:
         return
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(f"{what} played {store_dir}")
     if jax.process_index() == 0:
         merge_parts(store_dir, jax.process_count())

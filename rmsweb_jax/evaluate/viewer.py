@@ -30,6 +30,7 @@ import sys
 import time
 from typing import Sequence
 
+from absl import flags
 from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
@@ -327,7 +328,6 @@ def _unique(names: Sequence[str]) -> list[str]:
 # --- command line --------------------------------------------------------------------------
 def main(argv: Sequence[str]) -> None:
     """Writes the viewer for --store folders into --out and prints where its index is."""
-    from absl import flags
     del argv
     f = flags.FLAGS
     started = time.monotonic()
@@ -336,7 +336,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app, flags
+    from absl import app
 
     flags.DEFINE_multi_string("store", None, "A trajectory store folder (repeat for several policies).")
     flags.DEFINE_string("out", None, "Folder to write index.html and the episode pages into.")

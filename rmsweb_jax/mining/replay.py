@@ -21,13 +21,23 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from rmsweb_jax.agents.prompt import PromptBuilder
 from rmsweb_jax.collect.sft_view import SFTExample
+from rmsweb_jax.data.batching import assemble
 from rmsweb_jax.data.sft import encode_example, example_name
 from rmsweb_jax.mining.taxonomy import ROUTINE, majority_failure_mode, sample_failure_mode
+from rmsweb_jax.models.sharding import DEFAULT_RULES
+from rmsweb_jax.sampling.sampler import SamplingParams
+from rmsweb_jax.train import batch as batch_lib
+from rmsweb_jax.train.global_images import row_owners
+from rmsweb_jax.train.image_batch import round_up
+from rmsweb_jax.train.logprobs import logprob_fn, sequence_logprobs
+from rmsweb_jax.train.step import ModelParts
 from rmsweb_jax.web.action_text import parse_action
 from rmsweb_jax.web.semantics import compare_actions
 
@@ -146,32 +156,23 @@ class ReferenceLogprobs:
     per chunk through train/logprobs.py (the forward is jitted once, then reused for every chunk)."""
 
     def __init__(self, chat_model, builder: PromptBuilder):
-        import jax
-
-        from rmsweb_jax.train.logprobs import logprob_fn
-        from rmsweb_jax.train.step import ModelParts
         self.chat_model, self.builder = chat_model, builder
         self.parts = ModelParts.split(chat_model.model)
         self._fn = jax.jit(logprob_fn(self.parts))
 
     def __call__(self, examples: Sequence[SFTExample]) -> list[float]:
         """Returns the reference action's log-prob of each example."""
-        from rmsweb_jax.data.batching import assemble
-        from rmsweb_jax.train.batch import prepare_batch
-        from rmsweb_jax.train.image_batch import round_up
-        from rmsweb_jax.train.logprobs import sequence_logprobs
         model = self.chat_model
         image_config = model.image_config
         encoded = [encode_example(model.tokenizer, self.builder, image_config, ex, mask="action_only")
                    for ex in examples]
         length = round_up(max(len(e["input_ids"]) for e in encoded), LOGPROB_LENGTH_QUANTUM)
         patches = round_up(max(sum(len(e["pixel_values"]) for e in encoded), 1), LOGPROB_PATCH_QUANTUM)
-        import jax
         if len(jax.tree.leaves(self.parts.params)[0].sharding.device_set) > 1:
             # A mesh (over one or several processes): rows split over its batch axes, not replicated on every device.
             return self._over_processes(encoded, length, patches)
         host = assemble([[e] for e in encoded], length, patches, image_config.patch_dim, pad_id=model.pad_id)
-        batch = prepare_batch(host, model.model.config, 1, vision_window=model.model.runtime.vision_window)
+        batch = batch_lib.prepare_batch(host, model.model.config, 1, vision_window=model.model.runtime.vision_window)
         logps = sequence_logprobs(self._fn(self.parts.params, batch), batch.weights)
         return [float(x) for x in np.asarray(logps)[0]]
 
@@ -179,15 +180,6 @@ class ReferenceLogprobs:
         """Returns the log-probs of `encoded` (the same rows on every process) from one forward pass on the
         global mesh: each process places its block of the rows (padded to a whole number of rows per local
         device), and the per-row results are gathered back into `encoded`'s order."""
-        import jax
-        from jax.experimental import multihost_utils
-
-        from rmsweb_jax.data.batching import assemble
-        from rmsweb_jax.models.sharding import DEFAULT_RULES
-        from rmsweb_jax.train import batch as batch_lib
-        from rmsweb_jax.train.global_images import row_owners
-        from rmsweb_jax.train.image_batch import round_up
-        from rmsweb_jax.train.logprobs import sequence_logprobs
         model, me, hosts = self.chat_model, jax.process_index(), jax.process_count()
         mesh = jax.tree.leaves(self.parts.params)[0].sharding.mesh  # the mesh the model was loaded on
         local = round_up(-(-len(encoded) // hosts), jax.local_device_count())
@@ -209,7 +201,6 @@ def replay(view, indices: Sequence[int], chat_model, builder: PromptBuilder, set
            progress: bool = True, sample: Callable = sample_turns) -> ReplayResult:
     """Returns the replay of every example `indices` of `view` (an SFTView) whose teacher label is not in
     settings.skip_labels: K samples each from `chat_model`, scored, classified by settings.tau."""
-    from rmsweb_jax.sampling.sampler import SamplingParams
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                             top_p=settings.top_p)
     logprobs = ReferenceLogprobs(chat_model, builder) if settings.reference_logprob else None

@@ -43,6 +43,7 @@ import pathlib
 import re
 from typing import Any, Iterable, Sequence
 
+from rmsweb_jax import storage
 from rmsweb_jax.agents.policy import Policy
 from rmsweb_jax.collect.records import StepRecord, TrajectoryRecord
 from rmsweb_jax.collect.report import check_store_success_rule
@@ -50,6 +51,7 @@ from rmsweb_jax.collect.retries import CollectSettings, CollectSummary, RetryCol
 from rmsweb_jax.collect.store import REFLECTION, StoreWriter, TrajectoryStore
 from rmsweb_jax.collect.store_layout import STORE_FILE
 from rmsweb_jax.collect.store_provenance import policy_provenance
+from rmsweb_jax.evaluate import host_shares
 from rmsweb_jax.judges.base import ERROR, Judge
 from rmsweb_jax.mining.state_set import CriticalState, state_id
 from rmsweb_jax.mining.taxonomy import category_failure_mode, episode_failure_mode
@@ -77,7 +79,7 @@ def policy_id(policy_name: str) -> str:
 
 def rollout_store_dir(workdir: str | os.PathLike, policy_name: str) -> pathlib.Path:
     """Returns `<workdir>/mine/rollouts/<policy id>/`, the rollout store of the policy named `policy_name`."""
-    from rmsweb_jax import storage  # a gs:// workdir stays one (the store mirrors it)
+    # a gs:// workdir stays one (the store mirrors it)
     return storage.as_path(workdir) / str(ROLLOUTS_DIR) / policy_id(policy_name)
 
 
@@ -110,7 +112,6 @@ def run_rollouts(config, workdir: str | os.PathLike, policy: Policy, tasks_and_s
     On several processes each plays its share of the groups into its own part store and process 0
     merges the parts into the rollout store (evaluate/host_shares.py), so every host returns the same
     store; the summary is this process's."""
-    from rmsweb_jax.evaluate import host_shares
     cfg = config.collect
     store_dir = rollout_store_dir(workdir, policy.name)
     target, pairs = host_shares.this_hosts_share(store_dir, tasks_and_seeds)

@@ -252,6 +252,7 @@ def _splash_specs(q_shape, k_shape, mesh, rules, head_axes) -> tuple[PartitionSp
 
 def _splash_local(q, k, v, q_seg, kv_seg, *, causal, scale, window, interpret):
     """Returns one device's splash attention [b, T, h, D] for its rows and heads (T a multiple of 128)."""
+    # deferred: the TPU Pallas kernels load only where splash attention is chosen (never on CPU/GPU paths)
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 

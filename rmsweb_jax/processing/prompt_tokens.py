@@ -20,7 +20,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 def load_tokenizer(checkpoint_dir: str | pathlib.Path):
     """Returns the transformers tokenizer saved in a local checkpoint folder (never the hub)."""
-    from transformers import AutoTokenizer  # heavy import; only callers that tokenize pay for it
+    from transformers import AutoTokenizer  # deferred: a heavy import; only callers that tokenize pay for it
 
     path = pathlib.Path(checkpoint_dir)
     if not path.is_dir():

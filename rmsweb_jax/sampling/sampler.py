@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl import decode
@@ -209,7 +210,6 @@ def _host(x: jax.Array) -> np.ndarray:
     the global mesh) XLA may shard it over other hosts' devices: gathered then (every process calls this)."""
     if x.is_fully_addressable:
         return np.asarray(x)
-    from jax.experimental import multihost_utils
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 

@@ -46,7 +46,7 @@ def _wrap(function: str) -> str:
 
 def miniwob_html_dir() -> pathlib.Path:
     """Returns the html/ folder of the installed `miniwob` package."""
-    try:
+    try:  # deferred: an optional package that only MiniWoB++ runs need
         import miniwob
     except ImportError as e:
         raise ImportError("the MiniWoB++ suite needs the `miniwob` package (pip install miniwob)") from e

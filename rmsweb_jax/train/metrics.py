@@ -11,7 +11,10 @@ import pathlib
 import time
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 from rmsweb_jax import storage
 from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig
@@ -50,7 +53,6 @@ def train_flops(config: Qwen3VLConfig, *, tokens: int, seq_len: int, patches: in
 def peak_flops_per_device(configured_tflops: float = 0.0) -> float:
     """Returns peak FLOP/s of one device: the configured figure, the table's for accelerators, or a
     measured fp32 matmul rate on CPU (~0.3 s)."""
-    import jax
     if configured_tflops and configured_tflops > 0:
         return configured_tflops * 1e12
     device = jax.devices()[0]
@@ -65,8 +67,6 @@ def peak_flops_per_device(configured_tflops: float = 0.0) -> float:
 
 def measured_matmul_flops(n: int = 1024, seconds: float = 0.3) -> float:
     """Returns the best fp32 [n, n] matmul FLOP/s of jax on the default device over `seconds`."""
-    import jax
-    import jax.numpy as jnp
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n), np.float32))
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
@@ -99,11 +99,10 @@ class MetricsWriter:
             if self.remote:  # a resumed run appends to what the bucket holds, not to a stale mirror
                 storage.pull_file(f"{self.remote}/metrics.jsonl")
                 storage.pull_tree(f"{self.remote}/tensorboard")
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # deferred: it imports torch (seconds); only a writing process pays
             self._tb = SummaryWriter(str(self.directory / "tensorboard"))
             self._jsonl = open(self.directory / "metrics.jsonl", "a")
             if progress:
-                from tqdm import tqdm
                 self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True,
                                  desc=self.directory.name)
 

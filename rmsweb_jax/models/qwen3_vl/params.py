@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -309,7 +310,6 @@ def _umask() -> int:
 
 def _gather(x: jax.Array) -> np.ndarray:
     if not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
         x = multihost_utils.process_allgather(x, tiled=True)
     return np.asarray(jax.device_get(x))
 

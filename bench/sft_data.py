@@ -27,7 +27,6 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "configs"))
 
 from bench.report import emit  # noqa: E402
 
@@ -68,7 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer examples, batches and steps (about a minute)")
     args = parser.parse_args()
-    from demo import get_config
+    from configs.demo import get_config
 
     from rmsweb_jax.agents.prompt import prompt_config_from
     from rmsweb_jax.collect.sft_view import SFTView

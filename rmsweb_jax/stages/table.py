@@ -53,7 +53,8 @@ ABLATIONS = (("salvage_reward_partial_credit", "Salvage-DS, reward partial_credi
              ("salvage_reward_graded", "Salvage-DS, reward graded", "reward", "graded"),
              ("salvage_gates_none", "Salvage-DS, gates none", "gates", "none"),
              ("salvage_gates_contrast", "Salvage-DS, gates contrast", "gates", "contrast"),
-             ("salvage_anchor_off", "Salvage-DS, anchor off", "anchor", "off"))
+             ("salvage_anchor_off", "Salvage-DS, anchor off", "anchor", "off"),
+             ("rl_grpo", "Plain GRPO (binary reward, no gates, no anchor)", "algorithm", "grpo"))
 ALL_STATES = ("rl_all_states", "RL on all states (no mining, same updates)")
 # rl_all_states: tau 1 makes every state not solved K/K critical; a routine share this close to 1 then keeps
 # every routine state too (select_states draws critical x share / (1 - share) of them, capped by their count).

@@ -11,6 +11,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.stages = ("model",)
     c.seed = 0
     c.rerun = ""                          # stages run even when their manifests say up to date: "all" | "mine,salvage"
+    c.force_unlock = False                # take the workdir's lock from the run holding it (rmsweb_jax/workdir_lock.py):
+                                          # only when that run is gone and its lock stays; it names the run displaced
     c.ablations = False                   # stage "table": also the Salvage-DS ablation rows (one piece switched each)
 
     c.model = ml_collections.ConfigDict()

@@ -10,9 +10,14 @@ do the stages after it (rmsweb_jax/stages/manifest.py; `--config.rerun=mine,salv
 A user's mistake (an unknown stage or override key, a bad value, a missing checkpoint or store:
 rmsweb_jax.errors.UserError) prints one line naming the value and what would work, and exits with
 status 2; --verbosity=1 or RMSWEB_TRACEBACK=1 shows the traceback instead.
+
+One run per workdir: a run takes <workdir>/run.lock before it writes anything and holds it to the end
+(rmsweb_jax/workdir_lock.py); a second run on the same workdir is refused in one line naming the holder,
+status 2. On a pod slice process 0 holds it and the others wait for its answer.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import sys
@@ -22,6 +27,7 @@ from ml_collections import config_flags
 
 from rmsweb_jax.distributed import maybe_initialize_distributed
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.workdir_lock import WorkdirLock, describe
 # STAGES: stage name -> its module of rmsweb_jax.stages (the registry lives beside the runner, which the
 # `table` stage also runs on its variants' sub-workdirs).
 from rmsweb_jax.stages.pipeline import STAGES, run_pipeline, stage_module, stage_names  # noqa: F401
@@ -57,11 +63,40 @@ def main(argv) -> None:
     try:
         stage_names(_CONFIG.value.stages)  # a misspelt stage answers before the cluster starts
         maybe_initialize_distributed()  # multi-host only when RMSWEB_DISTRIBUTED=1 (see BUILD.md)
-        run_stages(_CONFIG.value, _WORKDIR.value)
+        with workdir_locked(_CONFIG.value, _WORKDIR.value):
+            run_stages(_CONFIG.value, _WORKDIR.value)
     except UserError as err:
         if _traceback_wanted():
             raise
         _exit_with(err)
+
+
+@contextlib.contextmanager
+def workdir_locked(config, workdir):
+    """Yields with the workdir's lock held around a run: process 0 takes it (UserError when another run holds it),
+    the other processes of a pod slice wait for its answer and stop with it."""
+    import jax  # deferred: after maybe_initialize_distributed (JAX refuses to initialize once a backend exists)
+    lock, refused = None, ""
+    if jax.process_index() == 0:
+        try:
+            lock = WorkdirLock.acquire(workdir, force=bool(config.get("force_unlock")))
+        except UserError as err:
+            refused = str(err)
+    if jax.process_count() > 1:
+        import numpy as np
+        from jax.experimental import multihost_utils
+        if bool(multihost_utils.broadcast_one_to_all(np.int32(bool(refused)))) and not refused:
+            refused = f"process 0 could not take the lock of workdir {workdir} (its log says why)"
+    if refused:
+        raise UserError(refused)
+    if lock is not None and lock.displaced is not None:
+        print(f"rmsweb: force_unlock: took the lock of workdir {workdir} from {describe(lock.displaced)}; "
+              "if that run is still alive, both now write there", file=sys.stderr, flush=True)
+    try:
+        yield lock
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def parse_flags(argv: list[str]) -> list[str]:

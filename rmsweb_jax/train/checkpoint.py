@@ -11,6 +11,15 @@ Arrays are saved without Orbax's replica-parallel slicing below 16 MiB per slice
 one eagerly compiled slice per array and device, which made the first save of the tiny model take
 ~60 s on 8 CPU devices (0.2 s without it); large arrays still split their writes across replicas.
 
+A checkpoint is checked on restore, because Orbax's commit marker says a write finished, not that its
+bytes still read back (a file truncated or flipped afterwards restores silently wrong, or fails deep in
+tensorstore). Each save records a fingerprint of the state in its metadata: per array, a position-weighted
+sum of its bits, computed on device (a reduction: no copy to the host, no reread of the files). A restore
+that cannot read a file, or whose arrays' fingerprint differs, raises CheckpointDamaged; `quarantine(step)`
+moves such a checkpoint to <directory>/quarantine/<step>-<UTC time>/ (kept for a post-mortem, out of
+Orbax's sight). A checkpoint whose tree, shapes or dtypes differ from this run's is not damaged but another
+run's: that stays a ValueError naming the leaves.
+
 Orbax logs ~20 INFO lines per save through absl; they are dropped (warnings and errors pass) unless
 RMSWEB_ORBAX_INFO=1 is set, so the progress bar and metrics stay readable.
 """
@@ -18,18 +27,27 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
 import logging
 import os
 import pathlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import type_handlers
 
 from rmsweb_jax import storage
 
 REPLICA_PARALLEL_MIN_BYTES = 16 << 20
+QUARANTINE = "quarantine"  # <directory>/quarantine/<step>-<UTC time>/: damaged checkpoints, set aside
+FINGERPRINT_KEY = "state_fingerprint"  # in a checkpoint's meta: fingerprint(state) at save time
+
+
+class CheckpointDamaged(Exception):
+    """A finished checkpoint whose files do not read back as they were written (the message says how)."""
 
 
 class _OrbaxInfoFilter(logging.Filter):
@@ -98,13 +116,16 @@ class Checkpointer:
 
     def save(self, step: int, state, data_state: Any = None, meta: dict | None = None) -> None:
         """Starts saving `state` (+ iterator state, metadata) as checkpoint `step`; returns once arrays are copied."""
+        meta = {**(meta or {}), FINGERPRINT_KEY: fingerprint(state)}
         args = ocp.args.Composite(state=ocp.args.PyTreeSave(state),
                                   data=ocp.args.JsonSave(_encode(data_state)),
-                                  meta=ocp.args.JsonSave(meta or {}))
+                                  meta=ocp.args.JsonSave(meta))
         self._manager.save(step, args=args, force=True)
 
     def restore(self, abstract_state, step: int | None = None) -> Restored:
-        """Returns checkpoint `step` (default: the latest), arrays placed like `abstract_state`'s shardings."""
+        """Returns checkpoint `step` (default: the latest), arrays placed like `abstract_state`'s shardings;
+        CheckpointDamaged when its files do not read back as saved, ValueError when it is another run's
+        (tree, shapes or dtypes differ)."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no finished checkpoint in {self.directory}")
@@ -114,14 +135,43 @@ class Checkpointer:
                                   data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
         try:
             out = self._manager.restore(step, args=args)
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"checkpoint {self.directory / str(step)} does not match this run's train state "
-                             f"(model or optimizer config changed?): {e}") from e
-        return Restored(step, out.state, _decode(out.data), dict(out.meta or {}))
+            data_state, meta = _decode(out.data), dict(out.meta or {})
+        except Exception as e:  # the tree, shapes and dtypes matched above: what fails now is the bytes
+            raise CheckpointDamaged(f"checkpoint {self.directory / str(step)} does not read back: "
+                                    f"{_one_line(e)}") from e
+        saved = meta.pop(FINGERPRINT_KEY, None)
+        if saved is not None and saved != fingerprint(out.state):  # older checkpoints carry none
+            bad = [i for i, (a, b) in enumerate(zip(saved, fingerprint(out.state))) if a != b]
+            raise CheckpointDamaged(f"checkpoint {self.directory / str(step)} does not read back as saved: "
+                                    f"{len(bad)} of {len(saved)} arrays differ from their fingerprint at save time")
+        return Restored(step, out.state, data_state, meta)
+
+    def quarantine(self, step: int) -> Any:
+        """Returns where checkpoint `step` went, having moved it to <directory>/quarantine/<step>-<UTC time>/."""
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        target = self.directory / QUARANTINE / f"{step}-{stamp}"
+        storage.move_tree(self.directory / str(step), target)
+        self._manager.reload()  # its list of steps was read at start
+        return target
+
+    def reload(self) -> None:
+        """Re-reads the list of finished checkpoints (another process moved one)."""
+        self._manager.reload()
+
+    def quarantined(self) -> list[str]:
+        """Returns the names (<step>-<UTC time>) of the checkpoints set aside in <directory>/quarantine/, by step."""
+        folder = self.directory / QUARANTINE
+        names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+        return sorted(names, key=lambda name: (int(name.split("-")[0]) if name.split("-")[0].isdigit() else -1, name))
 
     def _check_matches(self, step: int, abstract_state) -> None:
-        """Raises naming the first leaves whose shape or dtype differ between checkpoint `step` and the target."""
-        stored = _leaf_table(self._manager.item_metadata(step)["state"])
+        """Raises naming the first leaves whose shape or dtype differ between checkpoint `step` and the target;
+        CheckpointDamaged when its metadata does not read."""
+        try:
+            stored = _leaf_table(self._manager.item_metadata(step)["state"])
+        except Exception as e:  # a missing or garbled _METADATA: nothing of this checkpoint can be trusted
+            raise CheckpointDamaged(f"checkpoint {self.directory / str(step)}: its metadata does not read: "
+                                    f"{_one_line(e)}") from e
         wanted = _leaf_table(abstract_state)
         problems = [f"{k}: missing in the checkpoint" for k in wanted if k not in stored]
         problems += [f"{k}: in the checkpoint only" for k in stored if k not in wanted]
@@ -133,12 +183,17 @@ class Checkpointer:
                              + (f"; and {len(problems) - 3} more" if len(problems) > 3 else ""))
 
     def read_meta(self, step: int | None = None) -> dict:
-        """Returns the metadata of checkpoint `step` (default: the latest) without touching arrays."""
+        """Returns the metadata of checkpoint `step` (default: the latest) without touching arrays;
+        CheckpointDamaged when it does not read."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no finished checkpoint in {self.directory}")
-        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return dict(out.meta or {})
+        try:
+            out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+            return dict(out.meta or {})
+        except Exception as e:  # JSON cut short or garbled, a file gone
+            raise CheckpointDamaged(f"checkpoint {self.directory / str(step)}: its metadata does not read: "
+                                    f"{_one_line(e)}") from e
 
     def wait(self) -> None:
         """Blocks until pending asynchronous saves have finished."""
@@ -154,6 +209,31 @@ class Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def fingerprint(state) -> list[int]:
+    """Returns one uint32 per array leaf of `state`: the sum over its elements of (bits as uint32) * (a multiplier
+    that depends on the position), mod 2**32, computed on device. A changed, swapped or zeroed element changes it."""
+    return [int(x) for x in jax.device_get(_fingerprint_leaves(jax.tree.leaves(state)))]
+
+
+@jax.jit
+def _fingerprint_leaves(leaves):
+    def one(x):
+        x = jnp.asarray(x)
+        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        width = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize] if x.dtype != jnp.bool_ else None
+        bits = x.astype(jnp.uint32) if width is None else jax.lax.bitcast_convert_type(x, width).astype(jnp.uint32)
+        position = jax.lax.iota(jnp.uint32, bits.size).reshape(bits.shape)
+        return jnp.sum(bits * (position * np.uint32(2654435761) + np.uint32(1)), dtype=jnp.uint32)
+    return [one(x) for x in leaves]
+
+
+def _one_line(err: BaseException) -> str:
+    """Returns an error's type and message on one line, cut to 300 characters (tensorstore's run to pages)."""
+    text = " ".join(f"{type(err).__name__}: {err}".split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _leaf_table(tree) -> dict[str, tuple[tuple[int, ...], str]]:

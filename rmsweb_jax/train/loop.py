@@ -23,6 +23,11 @@ the next batch), except at checkpoint and metrics steps, which wait for their ow
 scalar read is checked: a non-finite loss, gradient norm or parameter norm stops the run with
 NonFiniteError naming the step. A state is saved only after its step's scalars were checked, so
 a NaN state never reaches disk and the last good checkpoint stays the latest.
+
+A damaged checkpoint (its files do not read back as saved: train/checkpoint.py) is moved to
+checkpoints/quarantine/ with one line naming it and the error, and the run resumes from the newest
+intact one, with that step's data-iterator state and RNG. When none is intact the run stops with a
+UserError saying where they went: never a silent start from step 0.
 """
 from __future__ import annotations
 
@@ -39,13 +44,14 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from rmsweb_jax import storage
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.models.from_config import runtime_from_config
 from rmsweb_jax.model_init import load_model
 from rmsweb_jax.models.from_config import mesh_from_config, rules_from_config
 from rmsweb_jax.models.qwen3_vl import Qwen3VLConfig, abstract_model, to_hf
 from rmsweb_jax.train import aux_metrics
 from rmsweb_jax.train import batch as batch_lib
-from rmsweb_jax.train.checkpoint import Checkpointer
+from rmsweb_jax.train.checkpoint import CheckpointDamaged, Checkpointer
 from rmsweb_jax.train.logprobs import logprob_fn
 from rmsweb_jax.train.loss import LossFn, make_sft_loss, resolve_loss_impl
 from rmsweb_jax.train.metrics import MetricsWriter, peak_flops_per_device, train_flops
@@ -118,17 +124,39 @@ class Trainer:
 
     # ---- start-up ---------------------------------------------------------------------------------------
     def _start(self) -> None:
-        """Sets model parts, shardings and state: restored from the latest checkpoint, else fresh from init."""
-        self.resumed_from = self.checkpoints.latest_step()
-        self.data_state = None
-        if self.resumed_from is not None:
-            return self._restore()
+        """Sets model parts, shardings and state: restored from the newest intact checkpoint (damaged ones moved
+        to quarantine/), else fresh from init; UserError when checkpoints exist but none is intact."""
+        self.resumed_from, self.data_state = None, None
+        for step in reversed(self.checkpoints.all_steps()):
+            try:
+                self.resumed_from = step
+                return self._restore()
+            except CheckpointDamaged as err:
+                self._set_aside(step, err)
+        self.resumed_from = None
+        if self.checkpoints.quarantined():
+            where = self.checkpoints.directory / "quarantine"
+            raise UserError(f"no intact checkpoint in {self.checkpoints.directory}: the damaged ones are in {where} "
+                            f"({', '.join(self.checkpoints.quarantined())}); to train this stage from step 0 "
+                            f"instead, move {where} away and rerun")
         model, init_dir = load_model(self.config, self.workdir)
         self.init_dir = str(init_dir)
         self.parts, self.model_config = ModelParts.split(model), model.config
         self.p_shardings = param_shardings(model, self.mesh, self.rules)
         self.state_shardings = train_state_shardings(self.parts.params, self.tx, self.mesh, self.p_shardings)
         self.state = init_train_state(self.parts.params, self.tx, self.config.seed, self.state_shardings)
+
+    def _set_aside(self, step: int, err: CheckpointDamaged) -> None:
+        """Moves damaged checkpoint `step` to quarantine/ (process 0, once every process has given up on it)."""
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"checkpoint {step} damaged")
+        if self.is_writer:
+            where = self.checkpoints.quarantine(step)
+            print(f"[train] checkpoint step {step} is damaged, moved to {where}: {err}", flush=True)
+            logging.warning("checkpoint step %d damaged, moved to %s: %s", step, where, err)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"checkpoint {step} set aside")
+            self.checkpoints.reload()
 
     def _restore(self) -> None:
         meta = self.checkpoints.read_meta(self.resumed_from)

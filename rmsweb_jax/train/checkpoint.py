@@ -231,7 +231,12 @@ def _fingerprint_leaves(leaves):
 
 
 def _one_line(err: BaseException) -> str:
-    """Returns an error's type and message on one line, cut to 300 characters (tensorstore's run to pages)."""
+    """Returns the root cause of an error (type and message) on one line, cut to 300 characters: Orbax wraps
+    tensorstore's own error ('OUT_OF_RANGE: Error reading "w/0.0" ...') in pages of its spec."""
+    seen = {id(err)}
+    while (inner := err.__cause__ or err.__context__) is not None and id(inner) not in seen:
+        err = inner
+        seen.add(id(err))
     text = " ".join(f"{type(err).__name__}: {err}".split())
     return text if len(text) <= 300 else text[:297] + "..."
 

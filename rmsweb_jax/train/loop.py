@@ -153,7 +153,6 @@ class Trainer:
         if self.is_writer:
             where = self.checkpoints.quarantine(step)
             print(f"[train] checkpoint step {step} is damaged, moved to {where}: {err}", flush=True)
-            logging.warning("checkpoint step %d damaged, moved to %s: %s", step, where, err)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"checkpoint {step} set aside")
             self.checkpoints.reload()

@@ -77,6 +77,7 @@ def _flip(step_dir):
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow  # ~20 s each, plus ~40 s for the uninterrupted and killed runs they share (2 cores)
 @pytest.mark.parametrize("damage", [_truncate, _flip], ids=["truncated", "flipped"])
 def test_a_damaged_newest_checkpoint_is_quarantined_and_the_run_resumes_from_the_previous_one(
         damage, killed, reference, tiny_checkpoint, tmp_path, capsys):
@@ -131,3 +132,25 @@ def test_a_garbled_metadata_file_is_damage_and_a_changed_shape_is_not(tmp_path):
         restored = ck.restore(abstract_train_state(state), 1)
         np.testing.assert_array_equal(np.asarray(restored.state["w"]), np.arange(64.0).reshape(8, 8))
         assert restored.meta == {"s": 1}
+
+
+@pytest.mark.slow
+def test_on_a_bucket_a_truncated_newest_checkpoint_is_quarantined_and_the_run_resumes(
+        gcs_emulator, killed, reference, tiny_checkpoint, tmp_path, capsys):
+    from rmsweb_jax import storage
+    workdir = storage.as_path(f"{gcs_emulator}/damaged-{tmp_path.name}")
+    for path in sorted(p for p in killed.rglob("*") if p.is_file()):  # the killed run, as if it had run there
+        storage.upload(path, workdir / str(path.relative_to(killed)))
+    checkpoints = workdir / "sft" / "checkpoints"
+    victim = max((p for p in (killed / "sft" / "checkpoints" / str(KILLED_AT) / "state").rglob("*") if p.is_file()),
+                 key=lambda p: p.stat().st_size).relative_to(killed)
+    (workdir / str(victim)).write_bytes(b"")  # an object cut short after the checkpoint's commit marker
+    trainer = Trainer(_config(tiny_checkpoint), workdir, name="sft")
+    assert trainer.resumed_from == KILLED_AT - EVERY
+    lines = [line for line in capsys.readouterr().out.splitlines() if "is damaged, moved to" in line]
+    assert len(lines) == 1 and f"{checkpoints}/quarantine/{KILLED_AT}-" in lines[0], lines
+    assert not (checkpoints / str(KILLED_AT)).exists()
+    trainer.fit(_source(trainer))
+    got = read_metrics(workdir / "sft" / "metrics.jsonl")
+    for step in range(KILLED_AT - EVERY + 1, STEPS + 1):
+        assert abs(got[step]["loss"] - reference[step]["loss"]) <= 1e-6, (step, got[step], reference[step])

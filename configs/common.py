@@ -197,9 +197,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.mine.max_batch = 8                  # the sampler's rows per generate call
     c.mine.seed = 0                       # sampling keys and the routine states kept
     c.mine.reference_logprob = True       # also log p(reference action | state), one forward pass per batch
-    c.mine.skip_labels = "detour"         # comma-separated teacher labels whose steps are no reference ("" = none)
-    c.mine.max_states = 0                 # replay at most this many reference steps (0 = all of the train split)
+    c.mine.skip_labels = "*"              # teacher labels whose steps are no reference: "*" = every labelled step
+                                          # (the teacher's injected mistakes), or comma-separated labels ("" = none)
+    c.mine.max_states = 0                 # replay a seeded draw of this many reference steps, stratified over
+                                          # tasks (0 = all of the train split)
     c.mine.routine_share = 0.2            # routine states in the state set, as a share of it (0 = critical only)
+    c.mine.uniform_states = 0             # > 0: the state set is a seeded uniform draw of this many replayed steps,
+                                          # critical or not (the table's rl_all_states ablation); 0 = mined
     c.mine.rollouts = False               # also run the policy on the training tasks and mine divergence points
     c.mine.repetition_window = 3          # an episode whose last k actions are identical is a repetition loop
 

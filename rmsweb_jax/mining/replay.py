@@ -1,11 +1,14 @@
 """Replay mining: how often the SFT policy, put back in each reference state, takes the reference action.
 
 For every step of the reference (successful) trajectories — SFTView items, less the steps whose
-teacher label is in `skip_labels` (injected detours are no reference to learn) — the policy prompt
+teacher label `skip_labels` names (by default "*", every labelled step: the teacher's injected
+mistakes are no reference to learn, and a solved trajectory can hold a wrong_element step that
+Salvage-DS would otherwise reward repeating) — the policy prompt
 is rebuilt exactly as SFT trains on it and sampling serves it (agents/prompt.py PromptBuilder on
 the example's reflection-free StepContext), K turns are sampled at the mining temperature, and
 each is parsed and compared with the stored action by `web.semantics.compare_actions` on the
-stored observation. The state's accuracy is the share of samples that are the same action; it is
+stored observation; a turn cut by the token limit is wrong (`action_text.parse_turn`, the rule the
+Salvage-DS rewards use too). The state's accuracy is the share of samples that are the same action; it is
 critical when the accuracy is below tau, and its failure mode is then the most frequent mode
 among its wrong samples (mining/taxonomy.py). Optionally the cheaper signal
 log p(reference tool call | prompt, reference thought) comes from one forward pass over
@@ -38,13 +41,19 @@ from rmsweb_jax.train.global_images import row_owners
 from rmsweb_jax.train.image_batch import round_up
 from rmsweb_jax.train.logprobs import logprob_fn, sequence_logprobs
 from rmsweb_jax.train.step import ModelParts
-from rmsweb_jax.web.action_text import parse_action
+from rmsweb_jax.web.action_text import parse_turn
 from rmsweb_jax.web.semantics import compare_actions
 
 # Log-prob rows are padded to a multiple of this many tokens (and patch rows to LOGPROB_PATCH_QUANTUM)
 # so that a mining run compiles the forward pass for a few shapes, not one per chunk.
 LOGPROB_LENGTH_QUANTUM = 512
 LOGPROB_PATCH_QUANTUM = 1024
+ANY_LABEL = "*"  # in config.mine.skip_labels: every teacher-labelled step
+
+
+def skips_label(label: str | None, skip_labels: Sequence[str]) -> bool:
+    """Returns whether a step with teacher label `label` (None: unlabelled) is no reference under `skip_labels`."""
+    return label is not None and (ANY_LABEL in skip_labels or label in skip_labels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +85,7 @@ class ReplaySettings:
 
     @classmethod
     def from_config(cls, mine) -> "ReplaySettings":
-        """Returns the settings of config.mine (skip_labels: comma-separated labels)."""
+        """Returns the settings of config.mine (skip_labels: comma-separated labels, or "*" for every label)."""
         labels = tuple(s.strip() for s in str(mine.skip_labels).split(",") if s.strip())
         return cls(samples=int(mine.samples), temperature=float(mine.temperature), top_p=float(mine.top_p),
                    max_new_tokens=int(mine.max_new_tokens), tau=float(mine.tau), batch_states=int(mine.batch_states),
@@ -121,13 +130,14 @@ class ReplayResult:
                 **{f"{k}_share": self.seconds[k] / total for k in ("sampling", "scoring", "logprob")}}
 
 
-def score_samples(texts: Sequence[str], example: SFTExample) -> list[str | None]:
-    """Returns the failure mode of each sampled turn against the example's stored action (None: the
-    same action), parsed in the stored observation's coordinate space and compared on it."""
+def score_samples(turns: Sequence[tuple[str, str]], example: SFTExample) -> list[str | None]:
+    """Returns the failure mode of each sampled turn (text, finish reason) against the example's stored action
+    (None: the same action), read by `parse_turn` in the stored observation's coordinate space and compared
+    on it: a turn cut by the token limit is invalid_format, as the Salvage-DS rewards score it -1."""
     observation = example.step.observation()
     modes = []
-    for text in texts:
-        parsed = parse_action(text, observation.coordinate_space)
+    for text, finish_reason in turns:
+        parsed = parse_turn(text, finish_reason, observation.coordinate_space)
         outcome = parsed if not parsed.ok else compare_actions(parsed, example.step.action, observation)
         modes.append(sample_failure_mode(outcome))
     return modes
@@ -144,11 +154,13 @@ def classify(modes: Sequence[str | None], tau: float) -> tuple[float, str]:
     return accuracy, majority_failure_mode(modes)
 
 
-def sample_turns(chat_model, conversations: Sequence[list[dict]], k: int, params, seed: int) -> list[list[str]]:
-    """Returns K sampled assistant turns per conversation (the only place replay calls the sampler):
+def sample_turns(chat_model, conversations: Sequence[list[dict]], k: int, params, seed: int
+                 ) -> list[list[tuple[str, str]]]:
+    """Returns K sampled assistant turns (text, finish reason) per conversation (the only place replay calls the
+    sampler):
     each prompt is prefilled once and its K samples decode from copies of its KV cache."""
     groups = chat_model.sample_groups(conversations, k, params, seed=seed)
-    return [[c.text for c in group] for group in groups]
+    return [[(c.text, c.finish_reason) for c in group] for group in groups]
 
 
 class ReferenceLogprobs:
@@ -229,7 +241,7 @@ def replay(view, indices: Sequence[int], chat_model, builder: PromptBuilder, set
             states.append(ReplayedState(
                 index=i, name=example_name(ex), task_id=ex.task_id, seed=ex.seed, accuracy=accuracy,
                 failure_mode=mode, mode_counts=counts, reference_logprob=lp, teacher_label=ex.step.label,
-                samples=tuple(texts)))
+                samples=tuple(text for text, _ in texts)))
         bar.update(len(chunk))
         bar.set_postfix({"critical": f"{sum(s.critical for s in states)}/{len(states)}",
                          "states/s": f"{len(states) / (time.perf_counter() - start):.2f}"}, refresh=False)
@@ -241,7 +253,7 @@ def replay(view, indices: Sequence[int], chat_model, builder: PromptBuilder, set
         for i in indices:
             example = view[int(i)]
             label = example.step.label
-            if label is not None and label in settings.skip_labels:
+            if skips_label(label, settings.skip_labels):
                 skipped[label] = skipped.get(label, 0) + 1
                 bar.update(1)
                 continue

@@ -38,6 +38,7 @@ def compute_report(states: Sequence[CriticalState], *, tau: float, extra: dict[s
         modes = collections.Counter(s.failure_mode for s in mine if s.critical)
         accuracies = [s.replay_accuracy for s in mine if s.replay_accuracy is not None]
         by_task[task_id] = {"states": len(mine), "critical": sum(s.critical for s in mine),
+                            "critical_share": sum(s.critical for s in mine) / len(mine),
                             "mean_replay_accuracy": _mean(accuracies),
                             "top_failure_mode": modes.most_common(1)[0][0] if modes else None}
     logprob = {kind: _mean([s.reference_logprob for s in states
@@ -90,10 +91,12 @@ def render_markdown(report: dict[str, Any]) -> str:
                      f"at `{ss['path']}` |")
     lines += ["", "## Failure modes of critical states", "", "| failure mode | states |", "|---|---|"]
     lines += [f"| {mode} | {n} |" for mode, n in report["failure_modes"].items()]
-    lines += ["", "## By task", "", "| task | states | critical | mean replay accuracy | top failure mode |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {task} | {row['states']} | {row['critical']} | {_fmt(row['mean_replay_accuracy'])} | "
-              f"{row['top_failure_mode'] or '—'} |" for task, row in report["by_task"].items()]
+    in_set = report.get("state_set", {}).get("by_task", {})
+    lines += ["", "## By task", "", "| task | states | critical | critical share | in the state set | "
+              "mean replay accuracy | top failure mode |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {task} | {row['states']} | {row['critical']} | {100 * row['critical_share']:.1f}% | "
+              f"{in_set.get(task, '—')} | {_fmt(row['mean_replay_accuracy'])} | {row['top_failure_mode'] or '—'} |"
+              for task, row in report["by_task"].items()]
     if "throughput" in report:
         t = report["throughput"]
         lines += ["", "## Replay throughput", "",

@@ -23,7 +23,7 @@ reference store, with the reference action as the target). Its failure mode (min
 - the rollout's episode ended first, every step matched: repetition_loop or out_of_steps from the
   episode's end, or premature_stop when the page ended it early (the time limit, a stray effect).
 
-When "detour" is in `skip_labels`, the rollout's own detours are skipped too: a step whose action
+When `skip_labels` skips "detour" (it names it, or "*"), the rollout's own detours are skipped too: a step whose action
 is one the teacher's detours use (NOOP_ACTIONS: wait, hover, scroll) where the reference takes
 another action type is passed over, as the SFT policy learnt such steps from the teacher's
 labelled ones and nothing the task checks changes. `prefix_matched` then turns False: the
@@ -53,6 +53,7 @@ from rmsweb_jax.collect.store_layout import STORE_FILE
 from rmsweb_jax.collect.store_provenance import policy_provenance
 from rmsweb_jax.evaluate import host_shares
 from rmsweb_jax.judges.base import ERROR, Judge
+from rmsweb_jax.mining.replay import skips_label
 from rmsweb_jax.mining.state_set import CriticalState, state_id
 from rmsweb_jax.mining.taxonomy import category_failure_mode, episode_failure_mode
 from rmsweb_jax.suites.task import Task
@@ -204,7 +205,7 @@ def align(reference_steps: Sequence[StepRecord], rollout_steps: Sequence[StepRec
     stored in `store_dir`), or None when it matched every reference step it was compared with and
     ran past them (see the module docstring for the rules)."""
     skip_labels = tuple(skip_labels)
-    kept = [s for s in reference_steps if s.label is None or s.label not in skip_labels]
+    kept = [s for s in reference_steps if not skips_label(s.label, skip_labels)]
     texts = [s.action_text for s in rollout_steps]
     loop = episode_failure_mode(texts, truncated=rollout.truncated, window=repetition_window)
     matched, skipped, k = True, [], 0
@@ -216,7 +217,7 @@ def align(reference_steps: Sequence[StepRecord], rollout_steps: Sequence[StepRec
         if comparison.same:
             k += 1
             continue
-        if DETOUR in skip_labels and step.action.name in NOOP_ACTIONS and comparison.category == "wrong_action_type":
+        if skips_label(DETOUR, skip_labels) and step.action.name in NOOP_ACTIONS and comparison.category == "wrong_action_type":
             matched = False  # the rollout's own detour: its history now holds a turn the reference's lacks
             skipped.append(step.step)
             continue

@@ -1,7 +1,7 @@
 """Salvage-DS rewards of sampled turns against the reference action: SampleScore per sample.
 
-Every sample is parsed as the policy's turns are (`action_text.parse_action` in the
-observation's coordinate space) and compared with `web.semantics.compare_actions`. A sample
+Every sample is parsed with its finish reason (`action_text.parse_turn` in the observation's
+coordinate space, the rule mining's replay uses too) and compared with `web.semantics.compare_actions`. A sample
 records two things, kept apart so that gates and metrics can use correctness under any reward:
 
 - `correct`: compare_actions(...).same, never a partial page reward, and False for a truncated
@@ -30,7 +30,7 @@ import math
 from collections import Counter
 from typing import Mapping, Sequence
 
-from rmsweb_jax.web.action_text import ParsedAction, parse_action
+from rmsweb_jax.web.action_text import ParsedAction, ParseError, parse_turn
 from rmsweb_jax.web.actions import RELATIVE, Action
 from rmsweb_jax.web.elements import same_element
 from rmsweb_jax.web.normalize import normalize_answer, normalize_keys, normalize_text, normalize_url
@@ -107,12 +107,10 @@ def score_samples(texts: Sequence[str], reference_action: Action, observation, r
 def score_sample(text: str, finish_reason: str, reference_action: Action, observation,
                  reward: RewardSettings) -> SampleScore:
     """Returns the SampleScore of one sampled turn (see score_samples)."""
-    if finish_reason not in ("stop", "length"):
-        raise ValueError(f"finish_reason {finish_reason!r}; expected 'stop' or 'length'")
-    if finish_reason == "length":
+    parsed = parse_turn(text, finish_reason, observation.coordinate_space if observation is not None else RELATIVE)
+    if isinstance(parsed, ParseError) and parsed.reason == TRUNCATED:
         # partial_credit: the format term fails first (a cut turn is not well formed), so 0.
         return SampleScore(False, 0.0 if reward.kind == "partial_credit" else -1.0, TRUNCATED)
-    parsed = parse_action(text, observation.coordinate_space if observation is not None else RELATIVE)
     comparison = compare_actions(parsed, reference_action, observation)
     if reward.kind == "partial_credit":
         value = partial_credit(parsed, reference_action, observation, reward.partial_credit)

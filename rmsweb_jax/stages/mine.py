@@ -5,17 +5,22 @@
 The policy is config.mine.checkpoint (default hf:<workdir>/sft/hf, the sft export). The reference
 steps are the successful steps of the task groups sft TRAINED on, read from the
 <workdir>/sft/split.json it wrote (never recomputed): held-out groups stay out of RL, so the
-held-out evaluation keeps meaning what it says. Every reference step is replayed
-(mining/replay.py: K samples, accuracy, failure mode, reference log-prob); with
+held-out evaluation keeps meaning what it says. Every reference step is replayed (mining/replay.py:
+K samples, accuracy, failure mode, reference log-prob; a teacher-labelled step is no reference), or
+with config.mine.max_states a seeded draw of that many, stratified over tasks (mining/draw.py: the
+store holds the steps task by task, so a prefix would be the first task's); with
 config.mine.rollouts the policy also plays each training task group once in the browser and
 each failed episode's divergence from its reference becomes a critical state (mining/rollouts.py).
 The state set keeps every critical state and a draw of routine ones, config.mine.routine_share of
 the set (the seed of config.mine.seed), so RL can also see states the policy already gets right.
+With config.mine.uniform_states = n > 0 the set is instead a seeded draw of n replayed steps, critical
+or not: no mining (the table's rl_all_states ablation, at the main state set's size).
 
 Writes <workdir>/mine/{states.arrayrecord, report.json, report.md, failure_modes.png, summary.json}.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import pathlib
@@ -25,6 +30,7 @@ import numpy as np
 from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.mining.draw import stratified_sample
 from rmsweb_jax.mining.replay import ReplayedState, ReplaySettings, replay
 from rmsweb_jax.mining.report import compute_report, write_report
 from rmsweb_jax.mining.state_set import CriticalState, state_id, write_state_set
@@ -79,6 +85,22 @@ def select_states(states: list[CriticalState], routine_share: float, seed: int) 
     want = min(want, len(routine))
     keep = set(critical) | set(np.random.default_rng(seed).choice(routine, size=want, replace=False).tolist()
                                if want else ())
+    return [s for i, s in enumerate(states) if i in keep]
+
+
+def replay_indices(view, train, max_states: int, seed: int) -> list[int]:
+    """Returns the SFT view indices to replay: every one of `train`, or (max_states > 0) a seeded draw of that
+    many stratified over tasks. A draw, not a prefix: the store holds the steps task by task (mining/draw.py)."""
+    if max_states <= 0:
+        return [int(i) for i in train]
+    return [int(i) for i in stratified_sample(train, lambda i: view.task_key(i)[0], max_states, seed)]
+
+
+def uniform_states(states: list[CriticalState], n: int, seed: int) -> list[CriticalState]:
+    """Returns a seeded uniform draw of `n` of `states`, critical or not (no mining), in the input order."""
+    if not 0 <= n <= len(states):
+        raise ValueError(f"a uniform draw of {n} states from {len(states)}")
+    keep = set(np.random.default_rng(seed).choice(len(states), size=n, replace=False).tolist())
     return [s for i, s in enumerate(states) if i in keep]
 
 
@@ -141,11 +163,13 @@ def run(config, workdir: pathlib.Path) -> dict:
                         f"set), got {cfg.routine_share}")
     if cfg.max_states < 0:
         raise UserError(f"config.mine.max_states must be >= 0 (0 = every training step), got {cfg.max_states}")
+    if cfg.uniform_states < 0:
+        raise UserError(f"config.mine.uniform_states must be >= 0 (0 = the mined state set), got {cfg.uniform_states}")
     import jax
     # Every host replays the same states (the same sampling programs, on the global mesh); one writes.
     writer = jax.process_index() == 0
     data, view, split, split_file = saved_split(config, workdir)
-    indices = split.train[:cfg.max_states] if cfg.max_states > 0 else split.train
+    indices = replay_indices(view, split.train, int(cfg.max_states), int(cfg.seed))
     if not len(indices):
         raise UserError(f"{split_file} leaves no training steps of {data.store_dir} to mine (every task group is "
                         "held out): lower config.data.held_out_fraction and rerun sft")
@@ -168,10 +192,18 @@ def run(config, workdir: pathlib.Path) -> dict:
             states = merge_rollout_states(states, rollout)
     finally:
         chat_model.close()
-    chosen = select_states(states, float(cfg.routine_share), int(cfg.seed))
+    if cfg.uniform_states > 0:
+        if cfg.uniform_states > len(states):
+            raise UserError(f"config.mine.uniform_states = {cfg.uniform_states}, but only {len(states)} reference "
+                            "steps were replayed: lower it, or raise config.mine.max_states (0 = every step)")
+        chosen = uniform_states(states, int(cfg.uniform_states), int(cfg.seed))
+    else:
+        chosen = select_states(states, float(cfg.routine_share), int(cfg.seed))
     path = write_state_set(out / STATES_FILE, chosen) if writer else out / STATES_FILE
     state_set = {"path": str(path), "states": len(chosen), "critical": sum(s.critical for s in chosen),
-                 "routine": sum(not s.critical for s in chosen), "routine_share": float(cfg.routine_share)}
+                 "routine": sum(not s.critical for s in chosen), "routine_share": float(cfg.routine_share),
+                 "selection": "uniform" if cfg.uniform_states > 0 else "mined",
+                 "by_task": dict(sorted(collections.Counter(s.task_id for s in chosen).items()))}
     extra = {"checkpoint": spec, "store_dir": store_dir, "split": str(split_file), "samples": settings.samples,
              "temperature": settings.temperature, "skipped": result.skipped, "throughput": result.throughput,
              "state_set": state_set, "rollouts": rollout_counts}

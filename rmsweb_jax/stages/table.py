@@ -10,8 +10,9 @@ their stages are skipped and rerun by their own manifests exactly as the main on
 - sft_first: sft on the same store with data.attempts = "first", then eval of that SFT;
 - with config.ablations: salvage_<piece> (salvage + eval from the main SFT export and state set, one
   piece of Salvage-DS switched: reward partial_credit / graded, gates none / contrast, anchor off) and
-  rl_all_states (mine with tau 1 and routine share ~1, so the state set is every replayed reference
-  step, not the mined ones; then salvage, same number of updates, and eval).
+  rl_all_states, the ablation that tests mining: the same state budget drawn uniformly from all the
+  replayed training steps, routine ones included (mine with config.mine.uniform_states = the main
+  state set's size, read from mine/summary.json; then salvage, same number of updates, and eval).
 A variant reads the main stages' outputs through links: <variant>/links.json maps a folder name (sft,
 mine, store) to the main workdir's folder (rmsweb_jax/stages/links.py; a file, not symbolic links, so a
 gs:// workdir works the same) and <variant>/manifests/<stage>.json is a copy of the main manifest, so
@@ -55,10 +56,7 @@ ABLATIONS = (("salvage_reward_partial_credit", "Salvage-DS, reward partial_credi
              ("salvage_gates_contrast", "Salvage-DS, gates contrast", "gates", "contrast"),
              ("salvage_anchor_off", "Salvage-DS, anchor off", "anchor", "off"),
              ("rl_grpo", "Plain GRPO (binary reward, no gates, no anchor)", "algorithm", "grpo"))
-ALL_STATES = ("rl_all_states", "RL on all states (no mining, same updates)")
-# rl_all_states: tau 1 makes every state not solved K/K critical; a routine share this close to 1 then keeps
-# every routine state too (select_states draws critical x share / (1 - share) of them, capped by their count).
-ALL_STATES_TAU, ALL_STATES_ROUTINE_SHARE = 1.0, 0.999
+ALL_STATES = ("rl_all_states", "RL on uniformly drawn states (no mining; same state count, same updates)")
 
 
 def store_of(config, workdir: pathlib.Path) -> pathlib.Path:
@@ -91,6 +89,16 @@ def _variant_config(config, stages: tuple[str, ...], **overrides) -> ml_collecti
     return c
 
 
+def mined_state_count(workdir: pathlib.Path) -> int:
+    """Returns how many states the main mine stage's state set holds (<workdir>/mine/summary.json): the
+    rl_all_states ablation draws as many uniformly, so it differs from the main run only in the mining."""
+    path = storage.as_path(workdir) / mine.NAME / "summary.json"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: the table's rl_all_states ablation draws as many states as the main "
+                        "state set holds; run the mine stage before the table")
+    return int(json.loads(path.read_text())["state_set"]["states"])
+
+
 def variants(config, workdir: pathlib.Path) -> dict[str, tuple[ml_collections.ConfigDict, dict]]:
     """Returns {variant name: (its config, {main stage: (folder, target) it links})}, in running order."""
     workdir = storage.as_path(workdir)
@@ -111,8 +119,8 @@ def variants(config, workdir: pathlib.Path) -> dict[str, tuple[ml_collections.Co
                          {**sft_links, "mine": ("mine", workdir / "mine")})
         # mine reads sft's split of the main store: the same store path as the split recorded
         data_store = config.data.store_dir or str(workdir / "store")
-        out[ALL_STATES[0]] = (_variant_config(config, ("mine", "salvage", "eval"), mine__tau=ALL_STATES_TAU,
-                                              mine__routine_share=ALL_STATES_ROUTINE_SHARE, mine__rollouts=False,
+        out[ALL_STATES[0]] = (_variant_config(config, ("mine", "salvage", "eval"),
+                                              mine__uniform_states=mined_state_count(workdir), mine__rollouts=False,
                                               data__store_dir=data_store, eval__policies="salvage", **evaluate),
                               sft_links)
     return out

@@ -6,6 +6,8 @@
     </tool_call>
 
 `parse_action` never raises: it returns a ParsedAction or a ParseError with its reason.
+`parse_turn` reads a sampled turn with its finish reason: a turn the token limit cut is no action,
+even when the cut text parses (mining's replay and the Salvage-DS rewards both judge samples by it).
 `format_action` is its inverse for every valid action.
 """
 from __future__ import annotations
@@ -19,7 +21,9 @@ from rmsweb_jax.web.actions import RELATIVE, Action, ActionError, CoordinateSpac
 TOOL_NAME = "computer_use"
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PARSE_ERROR_REASONS = ("no_tool_call", "multiple_tool_calls", "invalid_json", "unknown_tool", "unknown_action",
-                       "missing_argument", "invalid_argument", "coordinate_out_of_range", "internal_error")
+                       "missing_argument", "invalid_argument", "coordinate_out_of_range", "internal_error",
+                       "truncated")
+FINISH_REASONS = ("stop", "length")  # a sampled turn ended by a stop token, or cut by the token limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +51,17 @@ def parse_action(text: Any, space: CoordinateSpace = RELATIVE) -> ParsedAction |
         return _parse(text, space)
     except Exception as e:  # noqa: BLE001 — the contract is "never raises"; report instead
         return ParseError("internal_error", f"{type(e).__name__}: {e}")
+
+
+def parse_turn(text: Any, finish_reason: str, space: CoordinateSpace = RELATIVE) -> ParsedAction | ParseError:
+    """Returns the action of a sampled turn, or a ParseError: reason "truncated" when the token limit cut it
+    (`finish_reason` "length": the turn never ended, so it is not the policy's action even when the cut text
+    parses, e.g. before its closing tag). Raises ValueError for a finish reason not in FINISH_REASONS."""
+    if finish_reason not in FINISH_REASONS:
+        raise ValueError(f"finish_reason {finish_reason!r}; expected one of {list(FINISH_REASONS)}")
+    if finish_reason == "length":
+        return ParseError("truncated", f"cut by the token limit: {_preview(text if isinstance(text, str) else '')}")
+    return parse_action(text, space)
 
 
 def _parse(text: Any, space: CoordinateSpace) -> ParsedAction | ParseError:

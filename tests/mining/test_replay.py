@@ -1,6 +1,7 @@
 """Replay mining. With a policy whose per-state accuracy is known (its K turns per state are written
 out: j right, K - j wrong of a chosen kind), exactly the states below tau are critical, with the
-majority failure mode; labelled detours are skipped. The sampling path and the reference log-prob
+majority failure mode; every teacher-labelled step is skipped; a turn cut by the token limit is wrong
+in mining as in the rewards. The sampling path and the reference log-prob
 run on a real random model: K turns per state, and log p(reference action) equal to log_softmax of
 the model's own logits over the action-only span."""
 import dataclasses
@@ -12,7 +13,7 @@ from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.collect.sft_view import SFTView
 from rmsweb_jax.collect.store_fixture import page_elements, task_group, write_synthetic_store
 from rmsweb_jax.mining.replay import ReferenceLogprobs, ReplaySettings, classify, replay, sample_turns
-from rmsweb_jax.web.action_text import format_action
+from rmsweb_jax.web.action_text import CLOSE, format_action, parse_action
 from rmsweb_jax.web.actions import RELATIVE, Action
 from tests.settings import store_writer
 
@@ -49,10 +50,11 @@ def _wrong_turn(example, kind: int) -> str:
 
 class KnownPolicy:
     """Answers each state's prompt with a fixed list of K turns: `right[i]` copies of the stored turn and
-    K - right[i] wrong turns of kind `kinds[i]`; recognizes the state by its exact prompt."""
+    K - right[i] wrong turns of kind `kinds[i]`, every one ended by `finish_reason`; recognizes the state by
+    its exact prompt."""
 
-    def __init__(self, view, builder, right, kinds):
-        self.turns = {}
+    def __init__(self, view, builder, right, kinds, finish_reason="stop"):
+        self.turns, self.finish_reason = {}, finish_reason
         for i in range(len(view)):
             ex = view[i]
             turns = [ex.target_text] * right[i] + [_wrong_turn(ex, kinds[i])] * (K - right[i])
@@ -62,7 +64,7 @@ class KnownPolicy:
     def __call__(self, chat_model, conversations, k, params, seed):
         assert k == K and params.temperature == 1.0
         self.calls.append(seed)
-        return [list(self.turns[repr(c)]) for c in conversations]
+        return [[(t, self.finish_reason) for t in self.turns[repr(c)]] for c in conversations]
 
 
 def test_exactly_the_states_below_tau_are_critical(view):
@@ -92,7 +94,7 @@ def test_exactly_the_states_below_tau_are_critical(view):
     assert policy.calls[:4] == [0, 1, 2, 3]  # one seed per chunk of batch_states states
 
 
-def test_labelled_detours_are_not_references(tmp_path):
+def test_labelled_steps_are_not_references(tmp_path):
     with store_writer(tmp_path / "store", flush_every_tasks=8) as writer:
         for t in range(2):
             (traj, steps), = task_group(f"synthetic.label-{t}", 0, fail_first=False, viewport=VIEWPORT, variant=t)
@@ -104,14 +106,41 @@ def test_labelled_detours_are_not_references(tmp_path):
     builder = PromptBuilder(prompt_config_from(config))
     policy = KnownPolicy(view, builder, [K] * len(view), [0] * len(view))
     settings = ReplaySettings.from_config(config.mine)
-    assert settings.skip_labels == ("detour",)
+    assert settings.skip_labels == ("*",)  # the default: every labelled step (a teacher mistake) is no reference
     result = replay(view, range(len(view)), None, builder, settings, progress=False, sample=policy)
-    assert result.skipped == {"detour": 2}
-    assert [view[s.index].step.step for s in result.states] == [0, 2, 0, 2]
-    assert [s.teacher_label for s in result.states] == ["wrong_element", None] * 2  # kept, and reported as noise
+    assert result.skipped == {"detour": 2, "wrong_element": 2}
+    assert [view[s.index].step.step for s in result.states] == [2, 2]
+    assert [s.teacher_label for s in result.states] == [None, None]
+    detours = replay(view, range(len(view)), None, builder, dataclasses.replace(settings, skip_labels=("detour",)),
+                     progress=False, sample=policy)
+    assert detours.skipped == {"detour": 2} and [s.teacher_label for s in detours.states] == ["wrong_element", None] * 2
     none = replay(view, range(len(view)), None, builder, dataclasses.replace(settings, skip_labels=()),
                   progress=False, sample=policy)
     assert len(none.states) == 6 and none.skipped == {}
+
+
+def test_a_turn_cut_by_the_token_limit_is_wrong_in_mining_and_in_the_rewards(view):
+    from configs.common import base_config
+    from rmsweb_jax.salvage.rewards import RewardSettings, score_samples as reward_scores
+    config = _config()
+    builder = PromptBuilder(prompt_config_from(config))
+    ex = view[0]
+    cut = ex.target_text.split(CLOSE)[0]  # the right tool call, cut before </tool_call>
+    assert CLOSE not in cut and parse_action(cut, RELATIVE).ok  # the parser alone accepts it
+    settings = ReplaySettings.from_config(config.mine)
+    policy = KnownPolicy(view, builder, [K] * len(view), [0] * len(view), finish_reason="length")
+    policy.turns = {key: [cut] * K for key in policy.turns}
+    (state,) = replay(view, [0], None, builder, settings, progress=False, sample=policy).states
+    assert state.accuracy == 0.0 and state.failure_mode == "invalid_format"
+    observation = ex.step.observation()
+    (score,) = reward_scores([cut], ex.step.action, observation, RewardSettings.from_config(base_config().salvage),
+                             finish_reasons=["length"])
+    assert (score.correct, score.reward, score.category) == (False, -1.0, "truncated")
+    assert reward_scores([cut], ex.step.action, observation, RewardSettings.from_config(base_config().salvage),
+                         finish_reasons=["stop"])[0].correct  # a turn a stop sequence ended keeps counting
+    policy.finish_reason = "stop"
+    (state,) = replay(view, [0], None, builder, settings, progress=False, sample=policy).states
+    assert state.accuracy == 1.0
 
 
 def test_classify_and_settings_errors():

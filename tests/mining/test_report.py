@@ -23,7 +23,8 @@ def test_report_counts_and_files(tmp_path):
         _state(ex[4], store_dir=view.store_dir, source="rollout", failure_mode="repetition_loop", replay_accuracy=None,
                reference_logprob=None, prefix_matched=True),
     ]
-    report = compute_report(states, tau=0.5, extra={"skipped": {"detour": 1}})
+    state_set = {"path": "s", "states": 3, "critical": 2, "routine": 1, "by_task": {"synthetic.form-1": 3}}
+    report = compute_report(states, tau=0.5, extra={"skipped": {"detour": 1}, "state_set": state_set})
     assert (report["states"], report["critical"], report["routine"]) == (6, 4, 2)
     assert report["failure_modes"] == {"invalid_format": 0, "wrong_action_type": 0, "wrong_element": 2,
                                        "wrong_text": 1, "premature_stop": 0, "wrong_answer": 0,
@@ -34,16 +35,17 @@ def test_report_counts_and_files(tmp_path):
     assert report["mean_reference_logprob"] == {"critical": -7.0, "routine": -2.0}
     assert report["mean_replay_accuracy"] == 0.4
     assert report["by_task"] == {
-        "synthetic.form-0": {"states": 3, "critical": 2, "mean_replay_accuracy": 1.25 / 3,
+        "synthetic.form-0": {"states": 3, "critical": 2, "critical_share": 2 / 3, "mean_replay_accuracy": 1.25 / 3,
                              "top_failure_mode": "wrong_text"},
-        "synthetic.form-1": {"states": 3, "critical": 2, "mean_replay_accuracy": 0.375,
+        "synthetic.form-1": {"states": 3, "critical": 2, "critical_share": 2 / 3, "mean_replay_accuracy": 0.375,
                              "top_failure_mode": "wrong_element"}}
     assert report["skipped"] == {"detour": 1}
 
     paths = write_report(tmp_path / "mine", report)
     assert json.loads(paths["json"].read_text()) == report
     markdown = paths["markdown"].read_text()
-    assert "4 critical" in markdown and "| wrong_element | 2 |" in markdown and "| synthetic.form-1 | 3 | 2 |" in markdown
+    assert "4 critical" in markdown and "| wrong_element | 2 |" in markdown and "| synthetic.form-1 | 3 | 2 | 66.7% | 3 |" in markdown
+    assert "| synthetic.form-0 | 3 | 2 | 66.7% | — |" in markdown
     assert "1 (25.0% of critical; {'wrong_element': 1})" in markdown
     image = Image.open(paths["plot"])
     assert image.format == "PNG" and image.size == (720, 360)

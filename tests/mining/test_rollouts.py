@@ -142,6 +142,8 @@ def test_divergence_steps_modes_and_prefixes(stores):
         assert d.state.teacher_label is None and d.state.replay_accuracy is None
     assert found["wrong-element"].category == "wrong_element_same_role"
     assert divergences(reference, rollouts, skip_labels=("detour",), repetition_window=WINDOW) == report.states
+    # "*" (config.mine.skip_labels' default: every labelled step) skips the detours as naming them does
+    assert find_divergences(reference, rollouts, skip_labels=("*",), repetition_window=WINDOW) == report
 
 
 def test_without_detour_skipping_the_detour_is_the_divergence(stores):

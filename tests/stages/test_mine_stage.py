@@ -13,7 +13,7 @@ from rmsweb_jax.errors import UserError
 from rmsweb_jax.main import run_stages
 from rmsweb_jax.mining.state_set import StateSet
 from rmsweb_jax.mining.taxonomy import TAXONOMY
-from rmsweb_jax.stages.mine import merge_rollout_states, select_states
+from rmsweb_jax.stages.mine import merge_rollout_states, replay_indices, select_states, uniform_states
 from tests.settings import store_writer
 
 VIEWPORT = (200, 120)
@@ -107,6 +107,27 @@ def test_mine_on_the_sft_training_split(tmp_path):
     markdown = (tmp_path / "mine" / "report.md").read_text()
     assert "## Failure modes of critical states" in markdown and "## By task" in markdown
     assert Image.open(tmp_path / "mine" / "failure_modes.png").size == (720, 360)
+
+
+def test_a_capped_replay_draws_from_every_task_not_the_first_one(tmp_path):
+    view = SFTView(write_synthetic_store(tmp_path / "store", tasks=3, seeds=2, viewport=VIEWPORT))
+    train = list(range(len(view)))
+    assert len({view.task_key(i)[0] for i in train[:3]}) == 1  # the prefix the stage once replayed: one task
+    got = replay_indices(view, train, 3, 0)
+    assert len(got) == 3 and len({view.task_key(i)[0] for i in got}) == 3
+    assert replay_indices(view, train[::-1], 3, 0) == got and replay_indices(view, train, 0, 0) == train
+
+
+def test_uniform_states_is_a_seeded_draw_critical_or_not(tmp_path):
+    from tests.mining.test_state_set import _state
+    view = SFTView(write_synthetic_store(tmp_path / "store", tasks=5, seeds=1))
+    states = [_state(view[i], store_dir=view.store_dir, failure_mode="wrong_text" if i % 2 else "routine")
+              for i in range(10)]
+    got = uniform_states(states, 4, 0)
+    assert len(got) == 4 and got == uniform_states(states, 4, 0) and got == [s for s in states if s in got]
+    assert len({s.state_id for s in uniform_states(states, 10, 1)}) == 10
+    with pytest.raises(ValueError, match="a uniform draw of 11 states from 10"):
+        uniform_states(states, 11, 0)
 
 
 def test_select_states_keeps_every_critical_state_and_the_routine_share(tmp_path):

@@ -118,6 +118,10 @@ def test_the_variants_change_only_their_fields_and_link_the_main_stages_they_rea
     names = list(table.variants(config, tmp_path))
     assert names == ["plain_collect", "sft_first"]
     config.ablations, config.collect.viewer = True, True
+    with pytest.raises(table.UserError, match="summary.json is missing: the table's rl_all_states ablation"):
+        table.variants(config, tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "summary.json").write_text(json.dumps({"state_set": {"states": 37, "critical": 30}}))
     got = table.variants(config, tmp_path)
     assert list(got) == ["plain_collect", "sft_first", *(a[0] for a in table.ABLATIONS), "rl_all_states"]
     plain, _ = got["plain_collect"]
@@ -133,7 +137,10 @@ def test_the_variants_change_only_their_fields_and_link_the_main_stages_they_rea
         assert c.stages == ("salvage", "eval") and c.salvage[field] == value and set(links) == {"sft", "mine"}
         assert manifest.changed_fields(config.salvage.to_dict(), c.salvage.to_dict())[0].startswith(field)
     every, links = got["rl_all_states"]
-    assert every.stages == ("mine", "salvage", "eval") and set(links) == {"sft"} and every.mine.tau == 1.0
+    assert every.stages == ("mine", "salvage", "eval") and set(links) == {"sft"}
+    # the mined set's size, drawn uniformly from the same replayed steps: only the mining differs
+    changed = manifest.changed_fields(config.mine.to_dict(), every.mine.to_dict())
+    assert [c.split(" ")[0] for c in changed] == ["uniform_states"] and every.mine.uniform_states == 37
     assert every.train.optimizer.total_steps == config.train.optimizer.total_steps  # same number of updates
 
 

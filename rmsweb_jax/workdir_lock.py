@@ -97,9 +97,11 @@ class WorkdirLock:
 
 def refusal(workdir, path, holder: dict | None) -> UserError:
     """Returns the one-line error of a run refused because `holder` holds the lock at `path`."""
+    frees = (f"a gs:// lease expires {holder.get('lease_s', LEASE_S) if holder else LEASE_S:.0f} s after its last "
+             "renewal" if storage.is_remote(workdir) else "a local lock is freed when its run dies")
     return UserError(f"workdir {workdir} is in use by {describe(holder)} (lock {path}); wait for that run to end "
-                     "or use another --workdir; if that run is gone and its lock stays (a gs:// lease expires "
-                     f"{LEASE_S:.0f} s after its last renewal), rerun with --config.force_unlock=true")
+                     f"or use another --workdir; if that run is gone and its lock stays ({frees}), rerun with "
+                     "--config.force_unlock=true")
 
 
 class _FlockLock(WorkdirLock):

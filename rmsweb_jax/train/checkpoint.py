@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from orbax.checkpoint import type_handlers
 
 from rmsweb_jax import storage
@@ -133,17 +134,21 @@ class Checkpointer:
         restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_state)
         args = ocp.args.Composite(state=ocp.args.PyTreeRestore(abstract_state, restore_args=restore_args),
                                   data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
+        failure = None
         try:
             out = self._manager.restore(step, args=args)
             data_state, meta = _decode(out.data), dict(out.meta or {})
         except Exception as e:  # the tree, shapes and dtypes matched above: what fails now is the bytes
+            failure = e
+        if _any_process(failure is not None):  # every process reads its own shards: all give up on it together
             raise CheckpointDamaged(f"checkpoint {self.directory / str(step)} does not read back: "
-                                    f"{_one_line(e)}") from e
-        saved = meta.pop(FINGERPRINT_KEY, None)
-        if saved is not None and saved != fingerprint(out.state):  # older checkpoints carry none
-            bad = [i for i, (a, b) in enumerate(zip(saved, fingerprint(out.state))) if a != b]
+                                    + (_one_line(failure) if failure else "another process could not read it")
+                                    ) from failure
+        saved, now = meta.pop(FINGERPRINT_KEY, None), fingerprint(out.state)
+        if saved is not None and saved != now:  # older checkpoints carry none
+            bad = sum(a != b for a, b in zip(saved, now)) + abs(len(saved) - len(now))
             raise CheckpointDamaged(f"checkpoint {self.directory / str(step)} does not read back as saved: "
-                                    f"{len(bad)} of {len(saved)} arrays differ from their fingerprint at save time")
+                                    f"{bad} of {len(saved)} arrays differ from their fingerprint at save time")
         return Restored(step, out.state, data_state, meta)
 
     def quarantine(self, step: int) -> Any:
@@ -228,6 +233,13 @@ def _fingerprint_leaves(leaves):
         position = jax.lax.iota(jnp.uint32, bits.size).reshape(bits.shape)
         return jnp.sum(bits * (position * np.uint32(2654435761) + np.uint32(1)), dtype=jnp.uint32)
     return [one(x) for x in leaves]
+
+
+def _any_process(flag: bool) -> bool:
+    """Returns whether `flag` holds on any process (a collective on a multi-host run; `flag` itself on one)."""
+    if jax.process_count() == 1:
+        return flag
+    return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
 
 
 def _one_line(err: BaseException) -> str:

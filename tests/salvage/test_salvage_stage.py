@@ -135,6 +135,7 @@ if __name__ == "__main__":  # the run that test_salvage_trains_through_the_ancho
 
     def wait_for_the_kill_at_step_2(self, *args, **kwargs):
         if self.step_count == 1:  # step 1 is checkpointed and step 2's groups drawn: say so, wait to be killed
+            self.checkpoints.wait()  # checkpoint 1's async save committed, however fast the sampling was
             pathlib.Path(sys.argv[2]).touch()
             time.sleep(3600)
             raise SystemExit("not killed within an hour")

@@ -69,11 +69,28 @@ def _config_reads_in_code(path: pathlib.Path) -> set[str]:
     return found
 
 
+# modules of rmsweb_jax/stages that every stage runs through, not a part of one stage's own code
+_INFRASTRUCTURE = {"manifest", "links", "pipeline"}
+
+
+def _helpers_of(path: pathlib.Path) -> list[pathlib.Path]:
+    """Returns the non-stage modules of rmsweb_jax/stages that the module at `path` imports (e.g. sft_split.py,
+    which holds the sft stage's reading of config.data and which mine and action_accuracy also call)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "rmsweb_jax.stages":
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rmsweb_jax.stages."):
+            names.add(node.module.rsplit(".", 1)[1])
+    return [path.with_name(f"{n}.py") for n in sorted(names - set(STAGES) - _INFRASTRUCTURE)
+            if path.with_name(f"{n}.py").is_file()]
+
+
 def test_each_stage_declares_every_config_field_its_own_code_reads():
     for name, module in STAGES.items():
         decl = manifest.Declaration.of(name, stage_module(name))
         path = pathlib.Path(stage_module(name).__file__)
-        used = _config_reads_in_code(path)
+        used = set().union(*(_config_reads_in_code(p) for p in [path, *_helpers_of(path)]))
         assert used, name  # the walk finds something in every stage
         undeclared = [u for u in sorted(used) if not any(u == d or u.startswith(d + ".") for d in decl.config_reads)]
         assert not undeclared, (name, undeclared)

@@ -62,6 +62,8 @@ def main(argv) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
         stage_names(_CONFIG.value.stages)  # a misspelt stage answers before the cluster starts
+        if not _WORKDIR.value.strip():  # "" would be the current folder: a run's files among the user's own
+            raise UserError("--workdir is empty: give the folder (or gs://BUCKET/FOLDER) for this run's outputs")
         maybe_initialize_distributed()  # multi-host only when RMSWEB_DISTRIBUTED=1 (see BUILD.md)
         with workdir_locked(_CONFIG.value, _WORKDIR.value):
             run_stages(_CONFIG.value, _WORKDIR.value)

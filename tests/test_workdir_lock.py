@@ -129,3 +129,13 @@ def test_main_refuses_a_second_run_in_one_line_with_status_2_and_writes_nothing(
                                                        f"started "), lines
         assert f"pid {os.getpid()}" in lines[0]
         assert sorted(p.name for p in workdir.iterdir()) == before == ["run.lock"]
+
+
+def test_main_refuses_an_empty_workdir_before_writing_anything(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "rmsweb_jax.main", f"--config={REPO}/configs/demo.py", "--workdir=",
+                          "--config.stages=model"], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=REPO),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        "rmsweb: error: --workdir is empty: give the folder (or gs://BUCKET/FOLDER) for this run's outputs "
+        "(--verbosity=1 shows the traceback)"], run.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []

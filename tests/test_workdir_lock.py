@@ -139,3 +139,25 @@ def test_main_refuses_an_empty_workdir_before_writing_anything(tmp_path):
         "rmsweb: error: --workdir is empty: give the folder (or gs://BUCKET/FOLDER) for this run's outputs "
         "(--verbosity=1 shows the traceback)"], run.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_on_two_processes_process_0_takes_the_lock_and_both_stop_when_it_is_held(tmp_path):
+    from tests.storage_emulator import free_port
+    workdir, port = tmp_path / "w", free_port()
+
+    def start(index):
+        env = dict(os.environ, JAX_PLATFORMS="cpu", RMSWEB_DISTRIBUTED="1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                   JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index), XLA_FLAGS="--xla_force_host_platform_device_count=1")
+        return subprocess.Popen([sys.executable, "-m", "rmsweb_jax.main", "--config=configs/demo.py",
+                                 f"--workdir={workdir}", "--config.stages=model"], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    with WorkdirLock.acquire(workdir):
+        procs = [start(0), start(1)]
+        errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], errors
+    lines = [[line for line in e.splitlines() if line.startswith("rmsweb: error:")] for e in errors]
+    assert f"pid {os.getpid()}" in lines[0][0] and "is in use by the run started" in lines[0][0]
+    assert lines[1] == [f"rmsweb: error: process 0 could not take the lock of workdir {workdir} (its log says why) "
+                        "(--verbosity=1 shows the traceback)"]
+    assert sorted(p.name for p in workdir.iterdir()) == ["run.lock"]

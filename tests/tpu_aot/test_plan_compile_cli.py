@@ -23,7 +23,7 @@ def _plan(*flags):
         pytest.skip(f"libtpu cannot load here: {err}")
     return subprocess.run([sys.executable, "-m", "rmsweb_jax.plan", "--config=configs/demo.py", "--chip=v5p",
                            "--topology=4", "--compile", "--config.mesh.shape=(1,2,2)", *flags],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+                          cwd=REPO, capture_output=True, text=True, timeout=2700)
 
 
 def test_the_demo_compiles_for_a_v5p_slice_beside_its_plan():

@@ -1,5 +1,6 @@
 """The vision tower over several images and the Pallas kernels, compiled for TPU: the tower's FLOPs grow
-linearly with the number of images (per-image attention), and the kernels the stages call on one chip compile."""
+linearly with the number of images (per-image attention, on v5p), and on v5p and v6e the tower with splash and the
+kernels the stages call on one chip compile."""
 import dataclasses
 
 import jax
@@ -24,10 +25,10 @@ def _devices(chip, chips):
         pytest.skip(f"libtpu cannot load here: {err}")
 
 
-def _vision_flops(images: int, window: int, impl: str) -> float:
-    config = slice_config("8b", "v5p", (1, 2, 2))
+def _vision_flops(images: int, window: int, impl: str, chip: str = "v5p") -> float:
+    config = slice_config("8b", chip, (1, 2, 2))
     config.model.vision_window, config.model.attention_impl = window, impl
-    devices = _devices("v5p", 4)
+    devices = _devices(chip, 4)
     mesh = Mesh(np.array(devices).reshape(1, 2, 2), ("data", "fsdp", "tensor"))
     from rmsweb_jax.models.from_config import rules_from_config
     program = programs.vision_tower(config, model_config("8b"), mesh, rules_from_config(config), images, PATCHES)
@@ -42,27 +43,30 @@ def test_vision_flops_grow_linearly_with_images():
     assert _vision_flops(16, 0, "xla") / 16 > 1.2 * per_image[16]
 
 
-def test_vision_tower_with_splash_compiles_per_image():
-    assert _vision_flops(4, PATCHES, "splash") > 0
+@pytest.mark.parametrize("chip", ("v5p", "v6e"))
+def test_vision_tower_with_splash_compiles_per_image(chip):
+    assert _vision_flops(4, PATCHES, "splash", chip) > 0
 
 
-def _one_chip(shape, dtype):
-    device = _devices("v5p", 4)[0]  # one chip of the smallest v5p host (2x2x1)
+def _one_chip(shape, dtype, chip):
+    device = _devices(chip, 4)[0]  # one chip of the smallest host of that generation
     sharding = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
 
-def test_pallas_token_logprobs_compiles_for_tpu():
+@pytest.mark.parametrize("chip", ("v5p", "v6e"))
+def test_pallas_token_logprobs_compiles_for_tpu(chip):
     cfg = model_config("8b").text
     fn = jax.jit(jax.value_and_grad(lambda h, w, y: token_logprobs_tpu(h, w, y)[0].sum(), argnums=(0, 1)))
-    args = (_one_chip((2048, cfg.hidden_size), jnp.bfloat16), _one_chip((cfg.hidden_size, cfg.vocab_size), jnp.bfloat16),
-            _one_chip((2048,), jnp.int32))
+    args = (_one_chip((2048, cfg.hidden_size), jnp.bfloat16, chip),
+            _one_chip((cfg.hidden_size, cfg.vocab_size), jnp.bfloat16, chip), _one_chip((2048,), jnp.int32, chip))
     rep = tpu_aot.compile_program("token_logprobs_tpu", fn, args)
     assert "tpu_custom_call" in rep.hlo and rep.peak_bytes > 0
 
 
-def test_pallas_grouped_advantages_compile_for_tpu():
+@pytest.mark.parametrize("chip", ("v5p", "v6e"))
+def test_pallas_grouped_advantages_compile_for_tpu(chip):
     fn = jax.jit(lambda r, m: grouped_arrays_pallas(r, m, Gates(), "tpu", False, None))
-    args = (_one_chip((256, 8), jnp.float32), _one_chip((256, 8), jnp.float32))
+    args = (_one_chip((256, 8), jnp.float32, chip), _one_chip((256, 8), jnp.float32, chip))
     rep = tpu_aot.compile_program("grouped_advantages", fn, args)
     assert "tpu_custom_call" in rep.hlo

@@ -1,0 +1,22 @@
+"""A v5p-64 pod slice (32 chips, mesh (1, 16, 2)) at 8B widths, as its preset lays it out: the SFT step and a mining
+sampler call compile within 15% of the plan, and the decode loop gathers no weights. (One file a slice: make test's
+two workers take whole files, so the pods' minutes of compiles split between them.)"""
+import pytest
+
+from tests.tpu_aot.slices import CompiledSlice, assert_decode_reads_local_weights, assert_within_plan
+
+pytestmark = [pytest.mark.tpu_aot, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def pod():
+    return CompiledSlice("8b", "v5p", 32, (1, 16, 2))
+
+
+@pytest.mark.parametrize("program", ("sft_step", "mine_generate"))
+def test_program_compiles_within_the_plan(pod, program):
+    assert_within_plan(pod, program)
+
+
+def test_the_decode_loop_reads_local_weights_only(pod):
+    assert_decode_reads_local_weights(pod)

@@ -1,0 +1,21 @@
+"""A v6e-64 pod slice (64 chips, mesh (1, 8, 8)) at 32B widths, as its preset lays it out: a mining sampler call
+compiles within 15% of the plan and the decode loop gathers no weights. The 32B SFT step on this slice takes ~10
+minutes to compile on 2 cores, so it is left to `python -m rmsweb_jax.plan --compile` (BUILD.md gives its figures)."""
+import pytest
+
+from tests.tpu_aot.slices import CompiledSlice, assert_decode_reads_local_weights, assert_within_plan
+
+pytestmark = [pytest.mark.tpu_aot, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def pod():
+    return CompiledSlice("32b", "v6e", 64, (1, 8, 8))
+
+
+def test_the_sampler_compiles_within_the_plan(pod):
+    assert_within_plan(pod, "mine_generate")
+
+
+def test_the_decode_loop_reads_local_weights_only(pod):
+    assert_decode_reads_local_weights(pod)

@@ -172,7 +172,8 @@ def test_sampling_and_reference_logprobs_on_a_random_model(view, tmp_path):
     examples = [view[0], view[1]]
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
     turns = sample_turns(chat_model, [builder.messages(ex.context()) for ex in examples], 2, params, seed=0)
-    assert [len(t) for t in turns] == [2, 2] and all(isinstance(x, str) for t in turns for x in t)
+    assert [len(t) for t in turns] == [2, 2] and all(isinstance(text, str) and reason in ("stop", "length")
+                                                     for t in turns for text, reason in t)
     assert turns != sample_turns(chat_model, [builder.messages(ex.context()) for ex in examples], 2, params, seed=1)
 
     got = ReferenceLogprobs(chat_model, builder)(examples)

@@ -29,15 +29,23 @@ requests the model will take, and a refused request never holds up the ones behi
 from __future__ import annotations
 
 import dataclasses
+import functools
+import pathlib
 import queue
 import signal
+import sys
+import tempfile
 import threading
 import time
 import uuid
 from typing import Any, Sequence
 
-from absl import logging
+from absl import app, flags, logging
+from ml_collections import config_flags
 
+from rmsweb_jax.errors import UserError
+from rmsweb_jax.models.from_config import mesh_from_config
+from rmsweb_jax.sampling.chat_model import ChatModel, loading_config
 from rmsweb_jax.sampling.chat_http import MiB, ChatHTTPServer
 from rmsweb_jax.sampling.chat_request import (DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_N, DEFAULT_MAX_PROMPT_BYTES,
                                               ChatRequest, RequestError, parse_chat_request)
@@ -389,10 +397,6 @@ def serving_config(spec: str, config, dtype: str, mesh_shape: str):
     and sharding rules; None: float32 on one device), with `dtype` ("float32" | "bfloat16") as the
     parameter and compute dtype and `mesh_shape` ("data,fsdp,tensor", -1 = the remaining devices) as
     the mesh, each when not "". Raises UserError naming the flag."""
-    from rmsweb_jax.errors import UserError
-    from rmsweb_jax.models.from_config import mesh_from_config
-    from rmsweb_jax.sampling.chat_model import loading_config
-
     cfg = loading_config(spec, config)
     if dtype:
         if dtype not in SERVE_DTYPES:
@@ -416,33 +420,24 @@ def serving_config(spec: str, config, dtype: str, mesh_shape: str):
 
 def main(argv) -> None:
     """Loads --checkpoint, serves it until interrupted, and prints the URL."""
-    import pathlib
-    import sys
-    import tempfile
-
-    from absl import app
-    from absl import flags as absl_flags
-
-    from rmsweb_jax.errors import UserError
-    from rmsweb_jax.sampling.chat_model import ChatModel
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    flags = absl_flags.FLAGS
-    workdir = pathlib.Path(flags.workdir or tempfile.mkdtemp(prefix="rmsweb-serve-"))
+    given = flags.FLAGS
+    workdir = pathlib.Path(given.workdir or tempfile.mkdtemp(prefix="rmsweb-serve-"))
     try:
-        config = serving_config(flags.checkpoint, flags.config, flags.dtype, flags.mesh_shape)
+        config = serving_config(given.checkpoint, given.config, given.dtype, given.mesh_shape)
         try:  # before loading, which takes minutes for a real checkpoint
-            checked_max_tokens_buckets([int(b) for b in flags.max_tokens_buckets], flags.max_tokens_limit)
+            checked_max_tokens_buckets([int(b) for b in given.max_tokens_buckets], given.max_tokens_limit)
         except ValueError as err:
-            raise UserError(f"--max_tokens_buckets={','.join(flags.max_tokens_buckets)}: expected integers >= 1, "
-                            f"the largest >= --max_tokens_limit={flags.max_tokens_limit} ({err})") from None
+            raise UserError(f"--max_tokens_buckets={','.join(given.max_tokens_buckets)}: expected integers >= 1, "
+                            f"the largest >= --max_tokens_limit={given.max_tokens_limit} ({err})") from None
         try:
-            settings = ServeSettings.from_flags(flags)
+            settings = ServeSettings.from_flags(given)
         except ValueError as err:  # each field is the flag of its name (max_body_bytes: --max_body_mib)
             raise UserError(f"a serve flag is out of range: {err}") from None
         # The model id clients send: the checkpoint's own name (folder@hash of its weights) unless given.
-        model = ChatModel.load(flags.checkpoint, workdir, config=config,
-                               **({"name": flags.model_name} if flags.model_name else {}))
+        model = ChatModel.load(given.checkpoint, workdir, config=config,
+                               **({"name": given.model_name} if given.model_name else {}))
         server = ChatServer(model, settings)
     except UserError as err:
         print(f"serve: error: {err}", file=sys.stderr)
@@ -465,10 +460,6 @@ def main(argv) -> None:
 def define_flags(flag_values=None) -> None:
     """Defines the CLI's absl flags in `flag_values` (None: absl's FLAGS; only when run as a program, so
     importing defines none). Their defaults are SERVE_DEFAULTS'."""
-    import functools
-
-    from absl import flags
-    from ml_collections import config_flags
     fv = {"flag_values": flags.FLAGS if flag_values is None else flag_values}
     string, integer, float_, list_ = (functools.partial(f, **fv) for f in (
         flags.DEFINE_string, flags.DEFINE_integer, flags.DEFINE_float, flags.DEFINE_list))
@@ -502,6 +493,5 @@ def define_flags(flag_values=None) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app as _app
     define_flags()
-    _app.run(main)
+    app.run(main)

@@ -25,18 +25,25 @@ import dataclasses
 import json
 import pathlib
 
+import jax
 import numpy as np
 
 from rmsweb_jax import storage
+from rmsweb_jax.agents.flax_policy import FlaxPolicy
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.judges.from_config import judge_from_config
+from rmsweb_jax.mining import rollouts
 from rmsweb_jax.mining.draw import stratified_sample
 from rmsweb_jax.mining.replay import ReplayedState, ReplaySettings, replay
 from rmsweb_jax.mining.report import compute_report, write_report
 from rmsweb_jax.mining.state_set import CriticalState, state_id, write_state_set
+from rmsweb_jax.sampling.chat_model import ChatModel
+from rmsweb_jax.sampling.sampler import SamplingParams
 from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING
 from rmsweb_jax.stages.sft_split import saved_split
+from rmsweb_jax.suites.from_config import suite_from_config
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # sft's split.json always (whatever mine.checkpoint names); config.collect for the rollouts' browsers and judge.
@@ -119,14 +126,6 @@ def _rollout_states(config, workdir: pathlib.Path, chat_model, builder, store_di
     On several processes each host plays its share of the groups (mining/rollouts.py) with its own copy of
     the checkpoint `spec` on its own devices: its browsers ask for steps at their own pace, so the replay's
     model on the global mesh (whose programs every host must call in lockstep) cannot serve them."""
-    import jax
-
-    from rmsweb_jax.agents.flax_policy import FlaxPolicy
-    from rmsweb_jax.sampling.chat_model import ChatModel
-    from rmsweb_jax.mining import rollouts
-    from rmsweb_jax.sampling.sampler import SamplingParams
-    from rmsweb_jax.judges.from_config import judge_from_config
-    from rmsweb_jax.suites.from_config import suite_from_config
     cfg = config.collect
     tasks = rollouts.reference_task_groups(store_dir, train_keys)
     # The rollout decodes as collection does (config.collect's temperature and token limit).
@@ -151,7 +150,6 @@ def _rollout_states(config, workdir: pathlib.Path, chat_model, builder, store_di
 
 def run(config, workdir: pathlib.Path) -> dict:
     """Mines the training split's reference steps; writes the state set, the report and summary.json."""
-    from rmsweb_jax.sampling.chat_model import ChatModel
     cfg = config.mine
     workdir = storage.as_path(workdir)  # local, or gs://
     try:
@@ -165,7 +163,6 @@ def run(config, workdir: pathlib.Path) -> dict:
         raise UserError(f"config.mine.max_states must be >= 0 (0 = every training step), got {cfg.max_states}")
     if cfg.uniform_states < 0:
         raise UserError(f"config.mine.uniform_states must be >= 0 (0 = the mined state set), got {cfg.uniform_states}")
-    import jax
     # Every host replays the same states (the same sampling programs, on the global mesh); one writes.
     writer = jax.process_index() == 0
     data, view, split, split_file = saved_split(config, workdir)

@@ -36,10 +36,18 @@ from rmsweb_jax.agents.prompt import prompt_config_from
 from rmsweb_jax.data.batching import Buckets
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.mining.state_set import StateSet
+from rmsweb_jax.model_init import load_model
+from rmsweb_jax.models.from_config import mesh_from_config
 from rmsweb_jax.salvage.learner import learner_class
 from rmsweb_jax.salvage.state_prompts import StatePrompts
+from rmsweb_jax.sampling.chat_model import ChatModel, default_stop_token_ids
+from rmsweb_jax.sampling.sampler import SamplingParams
 from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING
+from rmsweb_jax.train.loop import Trainer
+from rmsweb_jax.train.loss import resolve_loss_impl
+from rmsweb_jax.train.rl_loss import RLLossSettings, make_salvage_loss
+from rmsweb_jax.train.step import ModelParts
 from rmsweb_jax.train.tokenizer import check_tokenizer
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
@@ -86,14 +94,6 @@ def train_config(config) -> ml_collections.ConfigDict:
 def run(config, workdir: pathlib.Path) -> dict:
     """Trains Salvage-DS updates (config.salvage.train over config.train: total_steps, batch size, rate); writes
     summary.json."""
-    from rmsweb_jax.model_init import load_model
-    from rmsweb_jax.models.from_config import mesh_from_config
-    from rmsweb_jax.sampling.chat_model import ChatModel, default_stop_token_ids
-    from rmsweb_jax.sampling.sampler import SamplingParams
-    from rmsweb_jax.train.loop import Trainer
-    from rmsweb_jax.train.loss import resolve_loss_impl
-    from rmsweb_jax.train.rl_loss import RLLossSettings, make_salvage_loss
-    from rmsweb_jax.train.step import ModelParts
 
     workdir = storage.as_path(workdir)  # local, or gs:// (Orbax and the HF export write the bucket: train/loop.py)
     cfg = config.salvage

@@ -22,6 +22,8 @@ from rmsweb_jax.agents.prompt import prompt_config_from
 from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches
 from rmsweb_jax.stages.sft_split import (SFT_DIR, SPLIT_FILE, data_settings, load_split, same_split_settings,
                                          saved_split, split_path, split_record)
+from rmsweb_jax.train.loop import Trainer
+from rmsweb_jax.train.metrics import read_metrics
 from rmsweb_jax.train.tokenizer import check_tokenizer
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
@@ -36,7 +38,6 @@ NAME = SFT_DIR
 
 def run(config, workdir: pathlib.Path) -> dict:
     """Trains config.train.optimizer.total_steps SFT steps; writes summary.json and split.json."""
-    from rmsweb_jax.train.loop import Trainer
     workdir = storage.as_path(workdir)  # local, or gs://
     # The store first: a missing or empty one fails in a second, before any model is loaded.
     if same_split_settings(split_path(workdir), data_settings(config, workdir)):
@@ -77,7 +78,6 @@ def run(config, workdir: pathlib.Path) -> dict:
 
 def _losses(path: pathlib.Path) -> list[float]:
     """Returns the reported (windowed mean) loss of every metrics step, in step order ([] when absent)."""
-    from rmsweb_jax.train.metrics import read_metrics
     if not path.is_file():
         return []
     return [m["loss"] for _, m in sorted(read_metrics(path).items()) if "loss" in m]

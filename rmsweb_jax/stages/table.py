@@ -29,12 +29,18 @@ from __future__ import annotations
 import json
 import pathlib
 
+import jax
 import ml_collections
+from jax.experimental import multihost_utils
 
 from rmsweb_jax import storage
+from rmsweb_jax.collect.report import compute_report
+from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.evaluate.report import build_report, read_episodes
 from rmsweb_jax.stages import collect, eval as eval_stage, links, manifest, mine, salvage, sft
 from rmsweb_jax.stages.pipeline import run_pipeline
+from rmsweb_jax.train.metrics import read_metrics
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # The variants run collect, sft, mine, salvage and eval with the config: the table reads what they read.
@@ -128,7 +134,6 @@ def variants(config, workdir: pathlib.Path) -> dict[str, tuple[ml_collections.Co
 
 def run_variants(config, workdir: pathlib.Path) -> dict[str, list[dict]]:
     """Runs every variant in <workdir>/variants/<name>/; returns {name: its stage records}."""
-    import jax
     workdir, records = storage.as_path(workdir), {}
     for name, (vconfig, linked) in variants(config, workdir).items():
         vdir = workdir / VARIANTS_DIR / name
@@ -138,7 +143,6 @@ def run_variants(config, workdir: pathlib.Path) -> dict[str, list[dict]]:
                 _copy_manifest(workdir, vdir, stage)
             links.write_links(vdir, {folder: target for folder, target in linked.values()})
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices(f"table variant {name} linked")
         records[name] = run_pipeline(vconfig, vdir, prefix=f"{name}/")
     return records
@@ -146,8 +150,6 @@ def run_variants(config, workdir: pathlib.Path) -> dict[str, list[dict]]:
 
 # --- the table from the stores -----------------------------------------------------------------
 def _collection(store_dir: pathlib.Path, attempts: int, success_rule: str) -> dict:
-    from rmsweb_jax.collect.report import compute_report
-    from rmsweb_jax.collect.store import TrajectoryStore
     with TrajectoryStore(store_dir) as store:
         report = compute_report(store, attempts, success_rule=success_rule)
         wins = [next(t for t in g if t.success) for g in store.groups().values() if any(t.success for t in g)]
@@ -182,7 +184,6 @@ def policy_rows(policies: list[dict], pairs: set[tuple[str, int]] | None, *, boo
     """Returns the policy table of `policies` (dicts with "key" (one is BASELINE), "row", "id", "store_dir"):
     per row success, Wilson interval, mean steps on the pairs EVERY row solved, and the paired comparison
     with the BASELINE row (difference, paired bootstrap interval, McNemar p)."""
-    from rmsweb_jax.evaluate.report import build_report, read_episodes
     keys = [p["key"] for p in policies]
     report = build_report([{"id": p["id"], "label": p["key"], "store_dir": p["store_dir"]} for p in policies], pairs,
                           [(k, BASELINE) for k in keys if k != BASELINE], bootstrap_samples=bootstrap_samples,
@@ -224,7 +225,6 @@ def salvage_summary(run_dir: pathlib.Path) -> dict:
     """Returns what Salvage-DS trained on (salvage/metrics.jsonl): per update, the mean of each SALVAGE_FIGURES
     figure (each logged value is its window's mean, weighted here by the window's updates), the accepted and
     anchored shares of the groups drawn, and the sampled actions' correct share in the first and last window."""
-    from rmsweb_jax.train.metrics import read_metrics
     path = storage.as_path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"{path} is missing: the salvage stage writes it (run it before the table)")
@@ -338,7 +338,6 @@ def markdown(table: dict) -> str:
 
 def run(config, workdir: pathlib.Path) -> dict:
     """Runs the variants, then writes <workdir>/demo_table.{json,md} and prints the markdown; returns the table."""
-    import jax
     workdir = storage.as_path(workdir)  # local, or gs://
     records = run_variants(config, workdir)
     table = build_table(config, workdir)

@@ -45,12 +45,23 @@ import pathlib
 import re
 import time
 
+import jax
 import ml_collections
 
 from rmsweb_jax import storage
+from rmsweb_jax.agents.from_config import PolicySettings, build_policy
+from rmsweb_jax.agents.teacher import SOLVED_TASKS
+from rmsweb_jax.collect.retries import CollectSettings, RetryCollector
+from rmsweb_jax.collect.store import REFLECTION, StoreWriter, TrajectoryStore
+from rmsweb_jax.collect.store_layout import STORE_FILE
+from rmsweb_jax.collect.store_provenance import policy_provenance
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.evaluate import host_shares, report as eval_report
+from rmsweb_jax.evaluate.viewer import write_viewer
+from rmsweb_jax.judges.from_config import judge_from_config, judge_spec
 from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING
+from rmsweb_jax.suites.from_config import live_tasks, miniwob_tasks, suite_from_config
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # The collect store for the seed check unless eval.training_store names another (or "none"); sft's / salvage's
@@ -173,13 +184,11 @@ def environment(config) -> ml_collections.ConfigDict:
 
 def eval_tasks(env, entries: list[PolicyEntry]) -> list:
     """Returns the evaluation's tasks (collect's loaders over env.tasks)."""
-    from rmsweb_jax.suites.from_config import live_tasks, miniwob_tasks
     if env.suite != "miniwob":
         return live_tasks(env)
     if not env.tasks and any(e.is_model for e in entries):
         raise UserError("eval.tasks and collect.tasks are both empty: name the MiniWoB++ task ids to evaluate a "
                         "model on, e.g. --config.eval.tasks=click-button,click-test")
-    from rmsweb_jax.agents.teacher import SOLVED_TASKS
     return miniwob_tasks(env, SOLVED_TASKS)  # "" = every task type the teacher solves (collect's rule)
 
 
@@ -214,8 +223,6 @@ def check_disjoint(pairs: list[tuple[str, int]], trained: set[tuple[str, int]], 
 def check_training_seeds(config, workdir: pathlib.Path, pairs: list[tuple[str, int]], suite: str) -> None:
     """Checks the evaluation pairs against the training store (see check_disjoint); prints a warning
     when eval.training_store is "none"; raises UserError when the store is missing."""
-    from rmsweb_jax.collect.store import TrajectoryStore
-    from rmsweb_jax.collect.store_layout import STORE_FILE
     store = training_store(config, workdir)
     if store is None:
         print("[eval] WARNING: eval.training_store = 'none': the evaluation seeds are NOT checked against the seeds "
@@ -247,7 +254,6 @@ def _digest(value) -> str:
 
 def episode_settings(config, env, entry: PolicyEntry) -> dict:
     """Returns what, besides the policy, decides the meaning of its stored episodes."""
-    from rmsweb_jax.judges.from_config import judge_spec
     judge, endpoint = judge_spec(env)
     out = {"suite": env.suite, "max_steps": config.eval.max_steps, "judge": judge, "judge_endpoint": endpoint,
            "success": env.success, "episode_time_limit_s": env.episode_time_limit_s}
@@ -281,11 +287,6 @@ def play(env, policy, judge, store_dir: pathlib.Path, tasks: list, seeds: list[i
 
     With several processes each plays its share of the pairs into its own part store and process 0
     merges the parts into store_dir (evaluate/host_shares.py); the summary is this process's."""
-    from rmsweb_jax.collect.retries import CollectSettings, RetryCollector
-    from rmsweb_jax.collect.store import REFLECTION, StoreWriter
-    from rmsweb_jax.collect.store_provenance import policy_provenance
-    from rmsweb_jax.evaluate import host_shares
-    from rmsweb_jax.suites.from_config import suite_from_config
     target, pairs = host_shares.this_hosts_share(store_dir, [(t, s) for t in tasks for s in seeds])
     with suite_from_config(env) as suite, StoreWriter(target, flush_every_tasks=env.flush_every_tasks,
                                                flush_every_s=env.flush_every_s, policy=policy.name,
@@ -317,9 +318,6 @@ def run(config, workdir: pathlib.Path) -> dict:
     """Plays every policy of config.eval on the evaluation tasks x seeds and writes
     workdir/eval/{eval_report.*, training_curves.png, viewer/}; returns the report, with "seconds": the
     wall time of playing, of the report (and plots) and of the viewer."""
-    from rmsweb_jax.evaluate import report as eval_report
-    from rmsweb_jax.agents.from_config import PolicySettings, build_policy
-    from rmsweb_jax.judges.from_config import judge_from_config
     ev = config.eval
     workdir = storage.as_path(workdir)  # local, or gs:// (stores through their mirrors, reports written there)
     out_dir = workdir / EVAL_DIR
@@ -327,7 +325,6 @@ def run(config, workdir: pathlib.Path) -> dict:
     # Every mistake a user can make is caught here, before a browser starts or a model loads.
     entries = parse_policies(ev.policies, workdir)
     compare = comparisons(ev.compare, [e.label for e in entries])
-    import jax
     writer = jax.process_index() == 0  # on several hosts each plays its share (play); one writes the outputs
     # Each host's browsers ask for steps at their own pace, so the hosts never call a sampling program in
     # lockstep: on several, each host samples an in-process model on its own devices (weights read by every host).
@@ -395,7 +392,6 @@ def run(config, workdir: pathlib.Path) -> dict:
     seconds["report"] = time.perf_counter() - started
     started = time.perf_counter()
     if ev.viewer and writer:
-        from rmsweb_jax.evaluate.viewer import write_viewer
         index = write_viewer([p["store_dir"] for p in policies], out_dir / "viewer",
                              labels=[p["label"] for p in policies])
         print(f"[eval] trajectory viewer: {index}")
@@ -411,8 +407,8 @@ def _training_curves(workdir: pathlib.Path, out_dir: pathlib.Path) -> pathlib.Pa
     logs = {stage: log for stage, log in logs.items() if log.is_dir()}
     if not logs:
         return None
-    from rmsweb_jax.evaluate.plots import training_curves_png  # the event reader imports tensorboardX (~1 s)
-    from rmsweb_jax.evaluate.tb_events import read_scalars
+    from rmsweb_jax.evaluate.plots import training_curves_png  # deferred: the event reader imports tensorboardX (~1 s)
+    from rmsweb_jax.evaluate.tb_events import read_scalars  # deferred with the plots: only this report reads them
     curves = {stage: c for stage, c in ((stage, read_scalars(storage.pull_tree(log))) for stage, log in logs.items())
               if c}
     if not curves:

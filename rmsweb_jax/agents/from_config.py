@@ -63,6 +63,7 @@ def build_policy(spec: str, settings: PolicySettings, *, config, workdir: pathli
         raise UserError(f"{settings.key} 'teacher' cannot play the {settings.suite} suite: the ScriptedTeacher only "
                         "knows MiniWoB++; use 'http:<base_url>#<model>' or 'flax:<model spec>'")
     if spec == "teacher":
+        # deferred, here and below: a builder imports only the policy type it builds (the teacher needs no jax)
         from rmsweb_jax.agents.teacher import MistakeConfig, ScriptedTeacher
         return ScriptedTeacher(MistakeConfig.from_dict(settings.teacher), tasks=task_ids)
     kind, _, rest = spec.partition(":")

@@ -54,7 +54,7 @@ def run_pipeline(config, workdir: str | pathlib.Path, *, prefix: str = "") -> li
     forced = manifest.forced_stages(config.rerun, stages, STAGES)
     workdir = storage.as_path(workdir)  # a pathlib.Path, or an etils.epath.Path on a bucket (another scheme: refused)
     workdir.mkdir(parents=True, exist_ok=True)
-    import jax
+    import jax  # deferred, here and in _agreed: main's flag and config checks run without JAX's import (~2 s)
     writer = jax.process_index() == 0  # on a pod slice every host runs this; one writes the records
     if writer:
         storage.write_text_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))

@@ -134,9 +134,15 @@ def test_a_garbled_metadata_file_is_damage_and_a_changed_shape_is_not(tmp_path):
         assert restored.meta == {"s": 1}
 
 
+def _flipped(data: bytes) -> bytes:
+    middle = len(data) // 2
+    return data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 8]) + data[middle + 8:]
+
+
 @pytest.mark.slow
-def test_on_a_bucket_a_truncated_newest_checkpoint_is_quarantined_and_the_run_resumes(
-        gcs_emulator, killed, reference, tiny_checkpoint, tmp_path, capsys):
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_on_a_bucket_a_damaged_newest_checkpoint_is_quarantined_and_the_run_resumes(
+        damage, gcs_emulator, killed, reference, tiny_checkpoint, tmp_path, capsys):
     from rmsweb_jax import storage
     workdir = storage.as_path(f"{gcs_emulator}/damaged-{tmp_path.name}")
     for path in sorted(p for p in killed.rglob("*") if p.is_file()):  # the killed run, as if it had run there
@@ -144,11 +150,13 @@ def test_on_a_bucket_a_truncated_newest_checkpoint_is_quarantined_and_the_run_re
     checkpoints = workdir / "sft" / "checkpoints"
     victim = max((p for p in (killed / "sft" / "checkpoints" / str(KILLED_AT) / "state").rglob("*") if p.is_file()),
                  key=lambda p: p.stat().st_size).relative_to(killed)
-    (workdir / str(victim)).write_bytes(b"")  # an object cut short after the checkpoint's commit marker
+    # an object cut short, or with bytes flipped, after the checkpoint's commit marker
+    (workdir / str(victim)).write_bytes(b"" if damage == "truncated" else _flipped((killed / victim).read_bytes()))
     trainer = Trainer(_config(tiny_checkpoint), workdir, name="sft")
     assert trainer.resumed_from == KILLED_AT - EVERY
     lines = [line for line in capsys.readouterr().out.splitlines() if "is damaged, moved to" in line]
     assert len(lines) == 1 and f"{checkpoints}/quarantine/{KILLED_AT}-" in lines[0], lines
+    assert ("does not read back: " if damage == "truncated" else "arrays differ from their fingerprint") in lines[0]
     assert not (checkpoints / str(KILLED_AT)).exists()
     trainer.fit(_source(trainer))
     got = read_metrics(workdir / "sft" / "metrics.jsonl")

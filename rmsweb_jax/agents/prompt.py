@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from rmsweb_jax.agents.policy import PastStep, ReflectionRequest, StepContext
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.processing.chat import image_url_part
 from rmsweb_jax.web.action_text import CLOSE, OPEN, TOOL_NAME
 from rmsweb_jax.web.actions import ACTION_NAMES, MAX_WAIT_S, CoordinateSpace
@@ -88,16 +89,16 @@ class PromptConfig:
         for name in ("history_steps", "history_images", "max_elements", "max_element_name", "reflection_images"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"config.prompt.{name} must be a non-negative int, got {value!r}")
+                raise UserError(f"config.prompt.{name} must be a non-negative int, got {value!r}")
         if self.history_images > self.history_steps:
-            raise ValueError(f"config.prompt.history_images ({self.history_images}) must not exceed history_steps "
-                             f"({self.history_steps}): a screenshot is shown only with its step's text")
+            raise UserError(f"config.prompt.history_images ({self.history_images}) must not exceed history_steps "
+                            f"({self.history_steps}): a screenshot is shown only with its step's text")
         if self.observation not in OBSERVATIONS:
-            raise ValueError(f"config.prompt.observation = {self.observation!r}; expected one of {list(OBSERVATIONS)}")
+            raise UserError(f"config.prompt.observation = {self.observation!r}; expected one of {list(OBSERVATIONS)}")
         if self.system not in SYSTEM_PROMPTS:
-            raise ValueError(f"config.prompt.system = {self.system!r}; expected one of {list(SYSTEM_PROMPTS)}")
+            raise UserError(f"config.prompt.system = {self.system!r}; expected one of {list(SYSTEM_PROMPTS)}")
         if self.max_element_name < 8:
-            raise ValueError(f"config.prompt.max_element_name must be >= 8 characters, got {self.max_element_name}")
+            raise UserError(f"config.prompt.max_element_name must be >= 8 characters, got {self.max_element_name}")
 
     @property
     def shows_screenshot(self) -> bool:
@@ -115,23 +116,23 @@ class PromptConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         d = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
         if "include_elements" in d:
-            raise ValueError(f"config.prompt.include_elements (= {d['include_elements']!r}) was replaced by "
-                             "config.prompt.observation: include_elements=False is observation='screenshot', True is "
-                             "observation='both' ('elements' shows the list without the screenshot)")
+            raise UserError(f"config.prompt.include_elements (= {d['include_elements']!r}) was replaced by "
+                            "config.prompt.observation: include_elements=False is observation='screenshot', True is "
+                            "observation='both' ('elements' shows the list without the screenshot)")
         unknown, missing = sorted(set(d) - names), sorted(names - set(d))
         if unknown or missing:
             wrong = "; ".join(([f"unknown key(s) {unknown}"] if unknown else [])
                               + ([f"missing key(s) {missing}"] if missing else []))
-            raise ValueError(f"config.prompt: {wrong}; it takes exactly {sorted(names)} "
-                             "(configs/common.py sets them all)")
+            raise UserError(f"config.prompt: {wrong}; it takes exactly {sorted(names)} "
+                            "(configs/common.py sets them all)")
         return cls(**d)
 
 
 def prompt_config_from(config) -> PromptConfig:
     """Returns the PromptConfig of `config.prompt`, the one prompt block every stage reads."""
     if "prompt" not in config:
-        raise ValueError("the config has no `prompt` block; start it from configs/common.py's base_config(), "
-                         "which sets config.prompt.*")
+        raise UserError("the config has no `prompt` block; start it from configs/common.py's base_config(), "
+                        "which sets config.prompt.*")
     return PromptConfig.from_config(config.prompt)
 
 

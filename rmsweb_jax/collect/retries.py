@@ -58,6 +58,7 @@ from rmsweb_jax.collect.adapter import AttemptSpec, PolicyBridge, split_turn
 from rmsweb_jax.collect.records import FAULT_JUDGE, StepRecord, TrajectoryRecord, request_id, task_key
 from rmsweb_jax.collect.store import PLAIN, RETRY_MODES, StoreWriter, check_policy
 from rmsweb_jax.config_block import block_fields
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.judges.base import ERROR, Judge, JudgeInput, Verdict
 from rmsweb_jax.web.episode import Episode, EpisodeRequest
 from rmsweb_jax.web.loop_thread import run_sync
@@ -126,14 +127,14 @@ class CollectSettings:
 
     def __post_init__(self):
         if self.retry_mode not in RETRY_MODES:
-            raise ValueError(f"config.collect.retry_mode must be one of {list(RETRY_MODES)}, got {self.retry_mode!r}")
+            raise UserError(f"config.collect.retry_mode must be one of {list(RETRY_MODES)}, got {self.retry_mode!r}")
         for name, low in (("attempts", 1), ("workers", 1), ("max_steps", 1), ("pool_max_attempts", 1),
                           ("fault_reruns", 0)):
             if getattr(self, name) < low:
-                raise ValueError(f"config.collect.{name} must be >= {low}, got {getattr(self, name)!r}")
+                raise UserError(f"config.collect.{name} must be >= {low}, got {getattr(self, name)!r}")
         if self.step_timeout_s <= 0 or self.batch_window_s < 0:
-            raise ValueError(f"config.collect.step_timeout_s = {self.step_timeout_s!r} must be > 0 and "
-                             f"batch_window_s = {self.batch_window_s!r} >= 0")
+            raise UserError(f"config.collect.step_timeout_s = {self.step_timeout_s!r} must be > 0 and "
+                            f"batch_window_s = {self.batch_window_s!r} >= 0")
 
     @classmethod
     def from_config(cls, collect) -> "CollectSettings":

@@ -44,6 +44,7 @@ from typing import Any, Iterator, Sequence
 import grain
 import numpy as np
 from absl import logging
+from rmsweb_jax.errors import UserError
 
 BATCHING_MODES = ("bucket", "pack")
 EXAMPLE_KEYS = ("input_ids", "loss_mask", "pixel_values", "image_grid_thw", "name")
@@ -67,15 +68,15 @@ class Buckets:
     def __post_init__(self):
         lengths, patches = tuple(int(x) for x in self.lengths), tuple(int(x) for x in self.patches)
         if not lengths:
-            raise ValueError("config.data.buckets is empty; expected row lengths in tokens, e.g. (2048, 4096)")
+            raise UserError("config.data.buckets is empty; expected row lengths in tokens, e.g. (2048, 4096)")
         if len(patches) != len(lengths):
-            raise ValueError(f"config.data.bucket_patches {patches} needs one patch budget per bucket of "
-                             f"config.data.buckets {lengths}")
+            raise UserError(f"config.data.bucket_patches {patches} needs one patch budget per bucket of "
+                            f"config.data.buckets {lengths}")
         if any(a >= b for a, b in zip(lengths, lengths[1:])) or lengths[0] < 2:
-            raise ValueError(f"config.data.buckets {lengths} must be strictly increasing lengths >= 2")
+            raise UserError(f"config.data.buckets {lengths} must be strictly increasing lengths >= 2")
         if any(a > b for a, b in zip(patches, patches[1:])) or any(p < 0 or p % self.quantum for p in patches):
-            raise ValueError(f"config.data.bucket_patches {patches} must be non-decreasing multiples of "
-                             f"{self.quantum} (merge_size**2)")
+            raise UserError(f"config.data.bucket_patches {patches} must be non-decreasing multiples of "
+                            f"{self.quantum} (merge_size**2)")
         object.__setattr__(self, "lengths", lengths)
         object.__setattr__(self, "patches", patches)
 
@@ -189,7 +190,7 @@ class _Oversize:
 
     def __init__(self, buckets: Buckets, too_long: str):
         if too_long not in TOO_LONG_MODES:
-            raise ValueError(f"config.data.too_long = {too_long!r}; expected one of {TOO_LONG_MODES}")
+            raise UserError(f"config.data.too_long = {too_long!r}; expected one of {TOO_LONG_MODES}")
         self.buckets, self.too_long, self.dropped = buckets, too_long, 0
 
     def check(self, example: dict) -> int | None:
@@ -327,7 +328,7 @@ def batch_dataset(parent: grain.IterDataset, mode: str, **kw) -> grain.IterDatas
         return BucketBatchDataset(parent, **kw)
     if mode == "pack":
         return PackBatchDataset(parent, **kw)
-    raise ValueError(f"config.data.batching = {mode!r}; expected one of {BATCHING_MODES}")
+    raise UserError(f"config.data.batching = {mode!r}; expected one of {BATCHING_MODES}")
 
 
 def iterate_examples(batch: dict[str, np.ndarray]) -> Iterator[tuple[int, int, int]]:

@@ -40,6 +40,7 @@ from rmsweb_jax.collect.sft_view import ATTEMPT_CHOICES, SFTExample, SFTView
 from rmsweb_jax.collect.store_provenance import check_provenance, provenance
 from rmsweb_jax.config_block import block_fields
 from rmsweb_jax.data.batching import BATCHING_MODES, TOO_LONG_MODES, Buckets, batch_dataset
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.processing.chat import MASK_MODES, encode_for_training
 from rmsweb_jax.processing.image import ImageProcessorConfig
 
@@ -68,14 +69,14 @@ class SFTDataConfig:
         for name, allowed in (("attempts", tuple(ATTEMPT_CHOICES)), ("mask", MASK_MODES),
                               ("batching", BATCHING_MODES), ("too_long", TOO_LONG_MODES)):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"config.data.{name} = {getattr(self, name)!r}; expected one of {list(allowed)}")
+                raise UserError(f"config.data.{name} = {getattr(self, name)!r}; expected one of {list(allowed)}")
         if not 0.0 <= self.held_out_fraction < 1.0:
-            raise ValueError(f"config.data.held_out_fraction = {self.held_out_fraction!r}; expected 0 <= f < 1")
+            raise UserError(f"config.data.held_out_fraction = {self.held_out_fraction!r}; expected 0 <= f < 1")
         for name in ("worker_count", "read_threads", "worker_buffer_size", "read_buffer_size", "seed", "split_seed"):
             value = getattr(self, name)
             low = 1 if name in ("read_threads", "worker_buffer_size", "read_buffer_size") else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"config.data.{name} = {value!r}; expected an integer >= {low}")
+                raise UserError(f"config.data.{name} = {value!r}; expected an integer >= {low}")
         object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
         object.__setattr__(self, "bucket_patches", tuple(int(p) for p in self.bucket_patches))
 
@@ -83,7 +84,7 @@ class SFTDataConfig:
     def from_config(cls, data, workdir: str | pathlib.Path) -> "SFTDataConfig":
         """Returns the settings of `config.data` (store_dir "" = <workdir>/store, collect's store)."""
         if data is None:
-            raise ValueError("config has no 'data' block (see configs/common.py)")
+            raise UserError("config has no 'data' block (see configs/common.py)")
         d = block_fields(cls, data, "config.data", exact=True, optional=("store_dir",))
         d["store_dir"] = str(d.get("store_dir") or storage.as_path(workdir) / "store")
         return cls(**d)
@@ -115,8 +116,8 @@ def split_by_task(view: SFTView, held_out_fraction: float, seed: int) -> Split:
     groups = view.group_index()
     n_out = 0 if held_out_fraction <= 0 else max(1, int(round(held_out_fraction * len(keys))))
     if n_out >= len(keys):
-        raise ValueError(f"config.data.held_out_fraction = {held_out_fraction} holds out {n_out} of the "
-                         f"{len(keys)} task groups in {view.store_dir}, leaving none to train on")
+        raise UserError(f"config.data.held_out_fraction = {held_out_fraction} holds out {n_out} of the "
+                        f"{len(keys)} task groups in {view.store_dir}, leaving none to train on")
     order = np.random.default_rng(seed).permutation(len(keys))
     out_keys = tuple(sorted(keys[i] for i in order[:n_out]))
     position = {k: i for i, k in enumerate(view.task_keys)}
@@ -190,7 +191,7 @@ class EncodeSFTExample(grain.transforms.Map):
     def __init__(self, tokenizer_dir: str | pathlib.Path, image_config: ImageProcessorConfig,
                  prompt_config: PromptConfig, mask: str):
         if mask not in MASK_MODES:
-            raise ValueError(f"config.data.mask = {mask!r}; expected one of {list(MASK_MODES)}")
+            raise UserError(f"config.data.mask = {mask!r}; expected one of {list(MASK_MODES)}")
         self.tokenizer_dir, self.image_config = str(tokenizer_dir), image_config
         self.builder, self.mask = PromptBuilder(prompt_config), mask
         self._local = threading.local()

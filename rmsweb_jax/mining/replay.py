@@ -33,6 +33,7 @@ from rmsweb_jax.agents.prompt import PromptBuilder
 from rmsweb_jax.collect.sft_view import SFTExample
 from rmsweb_jax.data.batching import assemble
 from rmsweb_jax.data.sft import encode_example, example_name
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.mining.taxonomy import ROUTINE, majority_failure_mode, sample_failure_mode
 from rmsweb_jax.models.sharding import DEFAULT_RULES
 from rmsweb_jax.sampling.sampler import SamplingParams
@@ -72,16 +73,16 @@ class ReplaySettings:
 
     def __post_init__(self):
         if self.samples < 1:
-            raise ValueError(f"config.mine.samples must be >= 1 (K samples per state), got {self.samples}")
+            raise UserError(f"config.mine.samples must be >= 1 (K samples per state), got {self.samples}")
         if self.temperature <= 0:
-            raise ValueError(f"config.mine.temperature must be > 0 (K greedy samples would all be one), "
-                             f"got {self.temperature}")
+            raise UserError(f"config.mine.temperature must be > 0 (K greedy samples would all be one), "
+                            f"got {self.temperature}")
         if not 0 < self.tau <= 1:
-            raise ValueError(f"config.mine.tau must be in (0, 1] (critical: accuracy < tau), got {self.tau}")
+            raise UserError(f"config.mine.tau must be in (0, 1] (critical: accuracy < tau), got {self.tau}")
         if self.batch_states < 1:
-            raise ValueError(f"config.mine.batch_states must be >= 1, got {self.batch_states}")
+            raise UserError(f"config.mine.batch_states must be >= 1, got {self.batch_states}")
         if self.max_new_tokens < 1:
-            raise ValueError(f"config.mine.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise UserError(f"config.mine.max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
     @classmethod
     def from_config(cls, mine) -> "ReplaySettings":

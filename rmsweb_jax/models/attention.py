@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from absl import logging
 from jax.sharding import PartitionSpec
 
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import sharding
 
 _SPLASH_BLOCK = 128  # splash tiles the sequence in blocks of 128 (Mosaic's lane width)
@@ -162,9 +163,9 @@ def _cudnn(q, k, v, mask, scale, *, requested: str) -> jax.Array | None:
     except (ValueError, RuntimeError, NotImplementedError) as err:  # jax's cuDNN checks raise these
         why = f"cuDNN attention refused q {tuple(q.shape)} k {tuple(k.shape)} {q.dtype}: {err}"
         if requested == "cudnn":
-            raise ValueError(f"config.model.attention_impl = 'cudnn': {why}. Use 'auto' (falls back to XLA) or "
-                             "'xla', or inputs cuDNN takes (bfloat16/float16 compute, head_dim <= 128, a GPU with "
-                             "cuDNN)") from err
+            raise UserError(f"config.model.attention_impl = 'cudnn': {why}. Use 'auto' (falls back to XLA) or "
+                            "'xla', or inputs cuDNN takes (bfloat16/float16 compute, head_dim <= 128, a GPU with "
+                            "cuDNN)") from err
         key = (tuple(q.shape), tuple(k.shape), str(q.dtype), str(err))
         with _FALLBACKS_LOCK:
             first = key not in _FALLBACKS_LOGGED

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import qwen3_vl, sharding
 
 
@@ -17,21 +18,21 @@ def mesh_from_config(config, devices=None) -> jax.sharding.Mesh | None:
     sampling programs must not span other hosts."""
     shape = list(config.mesh.shape)
     if len(shape) != 3:
-        raise ValueError(f"config.mesh.shape must have 3 entries (data, fsdp, tensor), got {tuple(shape)}")
+        raise UserError(f"config.mesh.shape must have 3 entries (data, fsdp, tensor), got {tuple(shape)}")
     devices = None if devices is None else list(devices)
     n = jax.device_count() if devices is None else len(devices)
     where = "" if devices is None else f" (over this host's {n} local devices)"
     if shape.count(-1) > 1:
-        raise ValueError(f"config.mesh.shape {tuple(shape)}: at most one -1")
+        raise UserError(f"config.mesh.shape {tuple(shape)}: at most one -1")
     if -1 in shape:
         known = int(np.prod([s for s in shape if s != -1]))
         if n % known:
-            raise ValueError(f"config.mesh.shape {tuple(shape)}: {n} devices{where} are not divisible by {known}")
+            raise UserError(f"config.mesh.shape {tuple(shape)}: {n} devices{where} are not divisible by {known}")
         shape[shape.index(-1)] = n // known
     elif devices is not None and int(np.prod(shape)) != n:
-        raise ValueError(f"config.mesh.shape {tuple(shape)} needs {int(np.prod(shape))} devices, but the model "
-                         f"samples{where}; write -1 for one axis (e.g. (1, -1, 1)) so the shape fits both the global "
-                         "mesh and one host's devices")
+        raise UserError(f"config.mesh.shape {tuple(shape)} needs {int(np.prod(shape))} devices, but the model "
+                        f"samples{where}; write -1 for one axis (e.g. (1, -1, 1)) so the shape fits both the global "
+                        "mesh and one host's devices")
     if int(np.prod(shape)) == 1:
         return None
     return sharding.make_mesh(shape, devices=devices)

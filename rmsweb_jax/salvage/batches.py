@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rmsweb_jax.data.batching import Buckets, OversizeError, assemble
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.processing.chat import action_token_span
 
 OLD_LOGPROBS = "token_old_logprobs"
@@ -118,7 +119,7 @@ def salvage_batch(policy: Sequence[dict], anchors: Sequence[dict], buckets: Buck
                                 "config.data.buckets / bucket_patches or lower config.salvage.max_new_tokens")
         bucket = max(bucket, b)
     if batch_size % process_count:
-        raise ValueError(f"config.train.batch_size = {batch_size} does not split over {process_count} processes")
+        raise UserError(f"config.train.batch_size = {batch_size} does not split over {process_count} processes")
     local = batch_size // process_count
     mine = (rows + [None] * (batch_size - len(rows)))[process_index * local:(process_index + 1) * local]
     length, patches = buckets.lengths[bucket], buckets.patches[bucket]

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from absl import logging
 
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.salvage.gates import GateSettings, route_groups
 from rmsweb_jax.salvage.rewards import SampleScore
 
@@ -53,12 +54,12 @@ class DrawSettings:
         for name in ("group_size", "groups_per_step", "max_draws_per_step"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"config.salvage.{name} = {value!r}; expected an integer >= 1")
+                raise UserError(f"config.salvage.{name} = {value!r}; expected an integer >= 1")
         if self.max_draws_per_step < self.groups_per_step:
-            raise ValueError(f"config.salvage.max_draws_per_step = {self.max_draws_per_step} < groups_per_step = "
-                             f"{self.groups_per_step}: the budget could never fill a batch")
+            raise UserError(f"config.salvage.max_draws_per_step = {self.max_draws_per_step} < groups_per_step = "
+                            f"{self.groups_per_step}: the budget could never fill a batch")
         if self.anchor not in ANCHOR_MODES:
-            raise ValueError(f"config.salvage.anchor = {self.anchor!r}; expected one of {list(ANCHOR_MODES)}")
+            raise UserError(f"config.salvage.anchor = {self.anchor!r}; expected one of {list(ANCHOR_MODES)}")
 
     @classmethod
     def from_config(cls, salvage) -> "DrawSettings":

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kernels.grouped_advantage import GroupStats, grouped_advantages
+from rmsweb_jax.errors import UserError
 
 GATES = ("none", "contrast", "contrast_competence")
 
@@ -39,12 +40,12 @@ class GateSettings:
 
     def __post_init__(self):
         if self.gates not in GATES:
-            raise ValueError(f"config.salvage.gates = {self.gates!r}; expected one of {list(GATES)}")
+            raise UserError(f"config.salvage.gates = {self.gates!r}; expected one of {list(GATES)}")
         if not 0.0 <= self.competence_min <= self.competence_max <= 1.0:
-            raise ValueError(f"config.salvage.competence_min / competence_max = {self.competence_min} / "
-                             f"{self.competence_max}; expected 0 <= min <= max <= 1")
+            raise UserError(f"config.salvage.competence_min / competence_max = {self.competence_min} / "
+                            f"{self.competence_max}; expected 0 <= min <= max <= 1")
         if self.contrast_std_min < 0:
-            raise ValueError(f"config.salvage.contrast_std_min = {self.contrast_std_min}; expected >= 0")
+            raise UserError(f"config.salvage.contrast_std_min = {self.contrast_std_min}; expected >= 0")
 
     @classmethod
     def from_config(cls, salvage) -> "GateSettings":

@@ -30,6 +30,7 @@ import math
 from collections import Counter
 from typing import Mapping, Sequence
 
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.web.action_text import ParsedAction, ParseError, parse_turn
 from rmsweb_jax.web.actions import RELATIVE, Action
 from rmsweb_jax.web.elements import same_element
@@ -66,22 +67,22 @@ class RewardSettings:
 
     def __post_init__(self):
         if self.kind not in REWARDS:
-            raise ValueError(f"config.salvage.reward = {self.kind!r}; expected one of {list(REWARDS)}")
+            raise UserError(f"config.salvage.reward = {self.kind!r}; expected one of {list(REWARDS)}")
         graded = {str(k): float(v) for k, v in dict(self.graded).items()}
         for category, value in graded.items():
             if category not in NEAR_MISS_CATEGORIES:
-                raise ValueError(f"config.salvage.graded.{category}: not a near-miss category; expected one of "
-                                 f"{list(NEAR_MISS_CATEGORIES)}")
+                raise UserError(f"config.salvage.graded.{category}: not a near-miss category; expected one of "
+                                f"{list(NEAR_MISS_CATEGORIES)}")
             if not -1.0 < value < 0.0:
-                raise ValueError(f"config.salvage.graded.{category} = {value}; a near miss's reward must lie in "
-                                 "(-1, 0): only the same action is positive")
+                raise UserError(f"config.salvage.graded.{category} = {value}; a near miss's reward must lie in "
+                                "(-1, 0): only the same action is positive")
         weights = {str(k): float(v) for k, v in dict(self.partial_credit).items()}
         if set(weights) != set(PARTIAL_CREDIT_TERMS):
-            raise ValueError(f"config.salvage.partial_credit has terms {sorted(weights)}; expected exactly "
-                             f"{list(PARTIAL_CREDIT_TERMS)}")
+            raise UserError(f"config.salvage.partial_credit has terms {sorted(weights)}; expected exactly "
+                            f"{list(PARTIAL_CREDIT_TERMS)}")
         if any(w < 0 or not math.isfinite(w) for w in weights.values()) or sum(weights.values()) <= 0:
-            raise ValueError(f"config.salvage.partial_credit weights {weights} must be finite, >= 0, with a "
-                             "positive sum")
+            raise UserError(f"config.salvage.partial_credit weights {weights} must be finite, >= 0, with a "
+                            "positive sum")
         object.__setattr__(self, "graded", graded)
         object.__setattr__(self, "partial_credit", weights)
 

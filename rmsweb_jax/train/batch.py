@@ -45,6 +45,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl import rope
 from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig
@@ -71,21 +72,21 @@ class TrainBatch(NamedTuple):
 def check_batch_layout(batch_size: int, microbatches: int, mesh, process_count: int = 1) -> int:
     """Returns the rows per microbatch, or raises naming the batch size, microbatches and mesh shape."""
     if batch_size < 1 or microbatches < 1:
-        raise ValueError(f"config.train.batch_size = {batch_size} and config.train.microbatches = {microbatches}: "
-                         "both must be >= 1")
+        raise UserError(f"config.train.batch_size = {batch_size} and config.train.microbatches = {microbatches}: "
+                        "both must be >= 1")
     if batch_size % microbatches:
-        raise ValueError(f"config.train.batch_size = {batch_size} is not divisible by config.train.microbatches = "
-                         f"{microbatches}")
+        raise UserError(f"config.train.batch_size = {batch_size} is not divisible by config.train.microbatches = "
+                        f"{microbatches}")
     rows = batch_size // microbatches
     shards = data_parallel_size(mesh)
     if rows % shards:
-        raise ValueError(f"config.train.batch_size = {batch_size} with {microbatches} microbatch(es) gives {rows} "
-                         f"rows per microbatch, which do not divide over the mesh's data x fsdp = {shards} devices "
-                         f"(mesh shape {_mesh_shape(mesh)}); use a batch size that is a multiple of "
-                         f"{shards * microbatches}")
+        raise UserError(f"config.train.batch_size = {batch_size} with {microbatches} microbatch(es) gives {rows} "
+                        f"rows per microbatch, which do not divide over the mesh's data x fsdp = {shards} devices "
+                        f"(mesh shape {_mesh_shape(mesh)}); use a batch size that is a multiple of "
+                        f"{shards * microbatches}")
     if batch_size % process_count or (batch_size // process_count) % microbatches:
-        raise ValueError(f"config.train.batch_size = {batch_size} does not split into {microbatches} microbatch(es) "
-                         f"on each of {process_count} processes")
+        raise UserError(f"config.train.batch_size = {batch_size} does not split into {microbatches} microbatch(es) "
+                        f"on each of {process_count} processes")
     return rows
 
 

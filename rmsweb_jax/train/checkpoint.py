@@ -41,6 +41,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import type_handlers
 
 from rmsweb_jax import storage
+from rmsweb_jax.errors import UserError
 
 REPLICA_PARALLEL_MIN_BYTES = 16 << 20
 QUARANTINE = "quarantine"  # <directory>/quarantine/<step>-<UTC time>/: damaged checkpoints, set aside
@@ -81,9 +82,9 @@ class Checkpointer:
     def __init__(self, directory: str | pathlib.Path, *, every_steps: int, keep: int, async_save: bool = True):
         _quiet_orbax()
         if every_steps < 1:
-            raise ValueError(f"config.train.checkpoint.every_steps = {every_steps}: expected an integer >= 1")
+            raise UserError(f"config.train.checkpoint.every_steps = {every_steps}: expected an integer >= 1")
         if keep < 1:
-            raise ValueError(f"config.train.checkpoint.keep = {keep}: expected an integer >= 1")
+            raise UserError(f"config.train.checkpoint.keep = {keep}: expected an integer >= 1")
         # Orbax writes a bucket folder itself (tensorstore's GCS driver, etils.epath for its small files).
         self.directory = storage.as_path(directory)
         if not storage.is_remote(self.directory):

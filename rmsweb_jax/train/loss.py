@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from kernels.token_logprobs import token_logprobs
 from kernels.weighted_nll_fused import weighted_nll_fused
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import sharding
 
 LOSS_IMPLS = ("auto", "fused", "chunked", "reference", "pallas", "pallas_interpret")
@@ -99,7 +100,7 @@ def resolve_loss_impl(impl: str, mesh) -> str | None:
     path's token-chunk loop would cut across the sharded batch axis.
     """
     if impl not in LOSS_IMPLS:
-        raise ValueError(f"config.train.loss_impl = {impl!r}: expected one of {LOSS_IMPLS}")
+        raise UserError(f"config.train.loss_impl = {impl!r}: expected one of {LOSS_IMPLS}")
     if impl == "auto":
         if mesh is not None and mesh.size > 1:
             return "chunked"

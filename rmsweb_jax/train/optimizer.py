@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import optax
+from rmsweb_jax.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,7 @@ class OptimizerConfig:
         values = dict(cfg)
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"config.train.optimizer has unknown key(s) {unknown}; expected some of {sorted(known)}")
+            raise UserError(f"config.train.optimizer has unknown key(s) {unknown}; expected some of {sorted(known)}")
         return cls(**values)
 
 
@@ -75,4 +76,4 @@ def weight_decay_mask(params):
 
 def _require(ok: bool, key: str, expected: str, got: Any) -> None:
     if not ok:
-        raise ValueError(f"config.train.optimizer.{key}: expected {expected}, got {got!r}")
+        raise UserError(f"config.train.optimizer.{key}: expected {expected}, got {got!r}")

@@ -43,6 +43,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from kernels.token_logprobs import token_logprobs
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.train.aux_metrics import Max, Mean, Min
 from rmsweb_jax.train.loss import LossFn, LossParts, loss_head
 
@@ -65,21 +66,21 @@ class RLLossSettings:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 \
                     or value == float("inf"):
-                raise ValueError(f"config.salvage.loss.{name} = {value!r}: expected a finite number >= 0")
+                raise UserError(f"config.salvage.loss.{name} = {value!r}: expected a finite number >= 0")
             object.__setattr__(self, name, float(value))
         if self.clip_low >= 1:
-            raise ValueError(f"config.salvage.loss.clip_low = {self.clip_low}: expected < 1 (the ratio's lower "
-                             "bound 1 - clip_low must stay positive)")
+            raise UserError(f"config.salvage.loss.clip_low = {self.clip_low}: expected < 1 (the ratio's lower "
+                            "bound 1 - clip_low must stay positive)")
         if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"config.salvage.loss.aggregation = {self.aggregation!r}: expected one of "
-                             f"{AGGREGATIONS}")
+            raise UserError(f"config.salvage.loss.aggregation = {self.aggregation!r}: expected one of "
+                            f"{AGGREGATIONS}")
 
     @classmethod
     def from_config(cls, loss) -> "RLLossSettings":
         """Returns the settings of config.salvage.loss (every field required; defaults in configs/common.py)."""
         missing = [f.name for f in dataclasses.fields(cls) if f.name not in loss]
         if missing:
-            raise ValueError(f"config.salvage.loss lacks {missing}; see configs/common.py for the defaults")
+            raise UserError(f"config.salvage.loss lacks {missing}; see configs/common.py for the defaults")
         return cls(**{f.name: loss[f.name] for f in dataclasses.fields(cls)})
 
 
@@ -93,8 +94,8 @@ def salvage_terms(logp, weights, extras, settings: RLLossSettings) -> tuple[Loss
         raise ValueError(f"the Salvage-DS loss needs batch extras {list(REQUIRED_EXTRAS)}; missing {missing} "
                          f"(got {sorted(extras)}); see rmsweb_jax/train/rl_loss.py")
     if settings.kl_beta > 0 and "token_ref_logprobs" not in extras:
-        raise ValueError(f"config.salvage.loss.kl_beta = {settings.kl_beta} needs batch extra 'token_ref_logprobs' "
-                         "(the reference policy's log-probs); set kl_beta = 0 or provide them")
+        raise UserError(f"config.salvage.loss.kl_beta = {settings.kl_beta} needs batch extra 'token_ref_logprobs' "
+                        "(the reference policy's log-probs); set kl_beta = 0 or provide them")
     f32 = jnp.float32
     w = weights.astype(f32)
     is_anchor = (extras["anchor"].astype(f32) != 0)[:, None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.train.loss import LOSS_IMPLS
 from rmsweb_jax.train.optimizer import OptimizerConfig
 
@@ -26,9 +27,9 @@ class TrainSettings:
                            ("checkpoint.every_steps", self.checkpoint_every), ("checkpoint.keep", self.checkpoint_keep),
                            ("metrics.every_steps", self.metrics_every)):
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"config.train.{key} = {value!r}: expected an integer >= 1")
+                raise UserError(f"config.train.{key} = {value!r}: expected an integer >= 1")
         if self.loss_impl not in LOSS_IMPLS:
-            raise ValueError(f"config.train.loss_impl = {self.loss_impl!r}: expected one of {LOSS_IMPLS}")
+            raise UserError(f"config.train.loss_impl = {self.loss_impl!r}: expected one of {LOSS_IMPLS}")
 
     @property
     def total_steps(self) -> int:
@@ -38,7 +39,7 @@ class TrainSettings:
     def from_config(cls, train: Any) -> "TrainSettings":
         """Returns the settings of `config.train` (see configs/common.py for the fields)."""
         if train is None:
-            raise ValueError("config has no 'train' block (see configs/common.py)")
+            raise UserError("config has no 'train' block (see configs/common.py)")
         try:
             return cls(batch_size=train.batch_size, microbatches=train.microbatches,
                        optimizer=OptimizerConfig.from_config(train.optimizer),
@@ -47,4 +48,4 @@ class TrainSettings:
                        peak_tflops=float(train.metrics.peak_tflops), export_hf=bool(train.export_hf),
                        loss_impl=train.loss_impl)
         except (AttributeError, KeyError) as e:
-            raise ValueError(f"config.train is missing a field: {e} (see configs/common.py for the full block)") from e
+            raise UserError(f"config.train is missing a field: {e} (see configs/common.py for the full block)") from e

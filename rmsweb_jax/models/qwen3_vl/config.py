@@ -11,6 +11,7 @@ import json
 import pathlib
 from typing import Any
 
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.models.sharding import DECODE_SHARDINGS
 
 SUPPORTED_MODEL_TYPES = ("qwen3_vl",)
@@ -296,7 +297,7 @@ def _mrope_section(head_dim: int) -> tuple[int, int, int]:
 # ---- helpers ---------------------------------------------------------------------------------
 def _require(ok: bool, key: str, expected: str, got: Any) -> None:
     if not ok:
-        raise ValueError(f"config key {key}: expected {expected}, got {got!r}")
+        raise UserError(f"config key {key}: expected {expected}, got {got!r}")
 
 
 def _known(cls, d: dict[str, Any], drop: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import pathlib
 import shutil
 import signal
 import sys
+import time
 import uuid
 
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
@@ -101,21 +102,33 @@ def marked_pids(marker: str, exact: bool = False) -> list[int]:
     return sorted(pid for pid, ppid in parents.items() if ppid not in parents)
 
 
-def kill_marked(marker: str, exact: bool = False) -> list[int]:
-    """Kills (SIGKILL) the process group of every browser carrying `marker`; returns their pids.
+def kill_marked(marker: str, exact: bool = False, wait_s: float = 5.0) -> list[int]:
+    """Kills (SIGKILL) the process group of every browser carrying `marker`, waits up to `wait_s`
+    until none is left alive, and returns their pids.
 
     Playwright starts each browser as a process-group leader, so the group holds its zygote,
-    renderers and utility processes.
+    renderers and utility processes. A killed process stays in /proc, not yet a zombie, until the
+    kernel has torn it down (longer on a loaded machine), and a child forked in that moment shows up
+    as a browser of its own once its parent is gone: both are looked for again, and killed, until
+    nothing carrying the marker is left or `wait_s` has passed.
     """
-    pids = marked_pids(marker, exact)
-    for pid in pids:
-        for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-            try:
-                kill()
-                break
-            except (ProcessLookupError, PermissionError):
-                continue
-    return pids
+    killed: list[int] = []
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = marked_pids(marker, exact)
+        if not pids:
+            return killed
+        for pid in pids:
+            for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                try:
+                    kill()
+                    break
+                except (ProcessLookupError, PermissionError):
+                    continue
+        killed.extend(pid for pid in pids if pid not in killed)
+        if time.monotonic() >= deadline:
+            return killed
+        time.sleep(0.02)
 
 
 async def close_browser(browser, marker: str, timeout_s: float = 5.0) -> None:

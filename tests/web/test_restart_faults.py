@@ -9,12 +9,15 @@ that one launch dies under Playwright's feet.
 import os
 import signal
 import stat
+import subprocess
+import sys
+import time
 
 import pytest
 
 from rmsweb_jax.suites.live import LiveSuite
 from rmsweb_jax.web.actions import Action
-from rmsweb_jax.web.browser import LaunchTimeout, find_chromium, marked_pids
+from rmsweb_jax.web.browser import MARKER_FLAG, LaunchTimeout, find_chromium, kill_marked, marked_pids
 from rmsweb_jax.web.episode import EpisodeRequest
 from rmsweb_jax.web.sync_pool import WorkerPool
 from rmsweb_jax.web.worker import BrowserWorker, WorkerConfig, WorkerFault
@@ -130,3 +133,30 @@ def test_a_launch_that_hangs_every_time_fails_naming_the_attempts_and_leaves_not
         assert marked_pids(worker.marker, exact=True) == []
     finally:
         loop.run(worker.close(), 30)
+
+
+def test_kill_marked_returns_only_when_nothing_marked_is_left_alive():
+    # A marked process group that forks all the time (a shell running subshells, as Chromium forks its zygote and
+    # helpers), at nice 19 on a core that a busy process holds, as a browser is on a loaded CI machine: a killed
+    # process stays listed until it gets the core to exit. Right after kill_marked nothing carrying the marker may
+    # be alive. (A kill that did not wait left the shell alive in 6 of 20 tries here.)
+    core = min(os.sched_getaffinity(0))
+    pin = lambda: os.sched_setaffinity(0, {core})  # noqa: E731
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
+    try:
+        for attempt in range(20):
+            marker = f"kill-wait-{os.getpid()}-{attempt}"
+            proc = subprocess.Popen(["bash", "-c", "while :; do (sleep 0.01); done", "x", MARKER_FLAG + marker],
+                                    start_new_session=True, preexec_fn=lambda: (pin(), os.nice(19)))
+            try:
+                deadline = time.monotonic() + 10
+                while not marked_pids(marker, exact=True) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert kill_marked(marker, exact=True), "the marked shell was never seen"
+                assert marked_pids(marker, exact=True) == [], f"try {attempt}: still alive after kill_marked"
+            finally:
+                proc.kill()
+                proc.wait()
+    finally:
+        hog.kill()
+        hog.wait()

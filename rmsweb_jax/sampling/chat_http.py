@@ -4,6 +4,10 @@ Every reply is JSON, errors included: a bad request line, an unknown method or a
 gets an OpenAI-style error with a 4xx (http.server's own error pages are HTML and answer an
 unknown method with a 5xx). The listen backlog is sized for bursts: socketserver's default of 5
 resets most connections of a few hundred clients that connect at once.
+
+A streamed reply ("stream": true) is server-sent events: `data: <chunk JSON>` blocks, then `data: [DONE]`,
+on a connection closed after it (no Content-Length to send). A refusal before the first byte is still an
+ordinary JSON error. GET /metrics (no API key, like /health) is Prometheus' text format.
 """
 from __future__ import annotations
 
@@ -12,11 +16,14 @@ import ctypes.util
 import hmac
 import http.server
 import json
+import time
+import uuid
 from typing import Any
 
 from absl import logging
 
 from rmsweb_jax.sampling.chat_request import RequestError
+from rmsweb_jax.sampling.serve_metrics import PROMETHEUS_CONTENT_TYPE
 
 MiB = 1 << 20
 # Bodies up to this size are read and dropped after a refusal (401, 404, 413, 429), so the client
@@ -77,11 +84,14 @@ class ChatHandler(http.server.BaseHTTPRequestHandler):
         try:
             if path == "/health":
                 self._reply(200, {"status": "ok", "model": self.app.model_name})
+            elif path == "/metrics":
+                self._send(200, self.app.metrics.text(), PROMETHEUS_CONTENT_TYPE)
             elif path in ("/v1/models", "/models"):
                 self._authorize()
                 self._reply(200, self.app.models())
             else:
-                raise RequestError(404, f"no route GET {path}; try /health, /v1/models, POST /v1/chat/completions",
+                raise RequestError(404, f"no route GET {path}; try /health, /metrics, /v1/models, POST "
+                                   "/v1/chat/completions",
                                    code="not_found")
         except RequestError as e:
             self._error(e)
@@ -89,6 +99,7 @@ class ChatHandler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         path = self.path.split("?", 1)[0].rstrip("/")
         admitted, self._body_length = False, 0
+        reply_id, status, answer, started = f"chatcmpl-{uuid.uuid4().hex}", 500, None, time.monotonic()
         try:
             if path not in COMPLETION_PATHS:
                 self._drain()
@@ -103,14 +114,23 @@ class ChatHandler(http.server.BaseHTTPRequestHandler):
                 self._drain()
                 raise
             body = self._read_json()
-            self._reply(200, self.app.chat_completion(body))
+            started = time.monotonic()  # latency: from the body read (a slow upload is the client's time)
+            answer = self.app.answer(body, reply_id)
+            status = 200
+            if answer.request.stream:
+                self._stream(self.app.reply_chunks(answer))
+            else:
+                self._reply(200, self.app.reply_object(answer))
         except RequestError as e:
+            status = e.status
             self._error(e)
         except Exception as e:  # noqa: BLE001 — a bug here must not take the server down
             logging.exception("unexpected error serving %s", path)
             self._error(RequestError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error",
                                      type_="server_error"))
         finally:
+            if path in COMPLETION_PATHS:
+                self.app.log_request(reply_id, status, answer, time.monotonic() - started)
             if admitted:
                 self.app.release()
             if self._body_length > TRIM_AFTER_BYTES:
@@ -201,11 +221,33 @@ class ChatHandler(http.server.BaseHTTPRequestHandler):
             headers["Retry-After"] = "1"
         self._reply(e.status, e.to_dict(), headers)
 
+    def _stream(self, chunks: list[dict[str, Any]]) -> None:
+        """Writes `chunks` as server-sent events, then `data: [DONE]`, and closes the connection."""
+        self.app._count(requests=1)
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        try:
+            for chunk in chunks:
+                data = json.dumps(chunk, ensure_ascii=False).encode("utf-8", "backslashreplace")
+                self.wfile.write(b"data: " + data + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except OSError as err:  # the client left mid-stream: nothing more can be written to it
+            logging.info("stream to %s ended early: %s", self.address_string(), err)
+
     def _reply(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         self.app._count(requests=1)
         data = json.dumps(payload, ensure_ascii=False).encode("utf-8", "backslashreplace")
+        self._send(status, data, "application/json", headers)
+
+    def _send(self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         for k, v in (headers or {}).items():
             self.send_header(k, v)

@@ -1,9 +1,13 @@
 """The chat-completions request a ChatServer accepts: parsed, checked, and normalized.
 
 Each check names the field at fault (`messages[2].content[1].image_url.url`) in an
-OpenAI-style error. Fields the server does not use (tools, penalties, user, ...) are ignored,
-as OpenAI-compatible servers do; fields whose meaning it cannot honour (stream, logprobs, n
-above the server's `max_n`) are refused rather than silently dropped.
+OpenAI-style error. Nothing is silently ignored: a field this server does not implement is a 400
+naming it (`unsupported_parameter`), unless it holds null or its no-op value (`frequency_penalty: 0`,
+`response_format: {"type": "text"}`), which the server honours by doing nothing. Unknown fields are
+refused the same way, so a misspelt `max_token` is an error, not a reply of the default length.
+
+Tool requests (`tools`, `role: "tool"` messages, assistant messages with `tool_calls`) are checked
+here and rendered into the plain turns the chat template reads by `tool_calls.plain_messages`.
 
 Everything here runs on the request's own thread before it queues, and bounds what it lets
 through: numbers to their types' ranges (JSON integers are unbounded), images by the pixel count
@@ -14,6 +18,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import io
+import json
 import math
 import warnings
 from typing import Any
@@ -22,8 +27,27 @@ from PIL import Image
 
 from rmsweb_jax.processing.chat import decode_image_part
 from rmsweb_jax.sampling.sampler import SamplingParams
+from rmsweb_jax.sampling.tool_calls import plain_messages
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+# Fields read below. Everything else in a body must be null or absent, or hold its no-op value (NO_OP_VALUES).
+IMPLEMENTED_FIELDS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+                      "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "tools",
+                      "tool_choice", "user")
+# field -> (the values that change nothing, what to tell a client that sent another)
+NO_OP_VALUES = {
+    "frequency_penalty": ((0,), "penalties are not applied by this server; expected 0 or null"),
+    "presence_penalty": ((0,), "penalties are not applied by this server; expected 0 or null"),
+    "response_format": (({"type": "text"},), "constrained (JSON) output is not implemented; expected "
+                        "{\"type\": \"text\"} or null"),
+    "logit_bias": (({},), "logit biases are not applied by this server; expected {} or null"),
+    "parallel_tool_calls": ((True,), "every parsed tool call is returned; expected true or null"),
+}
+MESSAGE_FIELDS = {"system": ("role", "content"), "user": ("role", "content"),
+                  "assistant": ("role", "content", "tool_calls", "refusal"),
+                  "tool": ("role", "content", "tool_call_id")}
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+TOOL_CHOICES = ("auto", "none")
 MAX_STOP_STRINGS = 4
 INT64 = (-(2 ** 63), 2 ** 63 - 1)  # OpenAI's seed is an int64
 SEED_MODULUS = 2 ** 32  # jax.random.key keeps the low 32 bits of a seed (without x64)
@@ -61,6 +85,13 @@ class ChatRequest:
     image_sizes: tuple[tuple[int, int], ...] = ()
     text_bytes: int = 0
     n: int = 1
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk carries the usage
+    logprobs: bool = False
+    top_logprobs: int = 0
+    parse_tool_calls: bool = False  # the request has tools and tool_choice "auto": replies are parsed for calls
+    tool_turns: bool = False  # tools, tool results or assistant tool calls were written into the messages
+    user: str | None = None  # the client's end-user id, written in the request log
 
 
 def _invalid(param: str, message: str, code: str = "invalid_value") -> RequestError:
@@ -216,11 +247,94 @@ def _messages(value: Any, tally: _Tally) -> list[dict[str, Any]]:
         role = message.get("role")
         if role not in ROLES:
             raise _invalid(f"{where}.role", f"expected one of {list(ROLES)}, got {_preview(role)}")
-        if "content" not in message:
+        for key, value in message.items():
+            if key not in MESSAGE_FIELDS[role] and value is not None:
+                raise _invalid(f"{where}.{key}", f"not supported in a {role} message by this server; expected "
+                               f"only {list(MESSAGE_FIELDS[role])}", "unsupported_parameter")
+        tool_calls = message.get("tool_calls") if role == "assistant" else None
+        if "content" not in message and not tool_calls:
             raise RequestError(400, f"{where}.content: required field is missing", param=f"{where}.content",
                                code="missing_field")
-        messages.append({"role": role, "content": _content(message["content"], f"{where}.content", role, tally)})
+        checked = {"role": role, "content": _content(message.get("content"), f"{where}.content", role, tally)}
+        if tool_calls:
+            checked["tool_calls"] = _tool_calls(tool_calls, f"{where}.tool_calls", tally)
+        if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise _invalid(f"{where}.tool_call_id", f"expected the id of the call it answers (a string), got "
+                           f"{_preview(message.get('tool_call_id'))}", "invalid_type")
+        messages.append(checked)
     return messages
+
+
+def _tool_calls(value: Any, param: str, tally: _Tally) -> list[dict[str, Any]]:
+    """Returns an assistant message's tool calls as [{"name", "arguments" (a JSON object's text)}]."""
+    if not isinstance(value, list):
+        raise _invalid(param, f"expected a list of tool calls, got {_preview(value)}", "invalid_type")
+    calls = []
+    for i, call in enumerate(value):
+        where = f"{param}[{i}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise _invalid(where, f"expected {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}, "
+                           f"got {_preview(call)}", "invalid_type")
+        name, arguments = function.get("name"), function.get("arguments")
+        if not isinstance(name, str) or not name:
+            raise _invalid(f"{where}.function.name", f"expected a non-empty string, got {_preview(name)}")
+        if not isinstance(arguments, str):
+            raise _invalid(f"{where}.function.arguments",
+                           f"expected a JSON object as a string, got {_preview(arguments)}", "invalid_type")
+        try:
+            if not isinstance(json.loads(arguments), dict):
+                raise ValueError("not an object")
+        except RecursionError:
+            raise _invalid(f"{where}.function.arguments", "expected a JSON object as a string, got one nested too "
+                           "deeply") from None
+        except ValueError as err:
+            raise _invalid(f"{where}.function.arguments", f"expected a JSON object as a string ({err}), got "
+                           f"{_preview(arguments)}") from None
+        tally.text(name + arguments, f"{where}.function")
+        calls.append({"name": name, "arguments": arguments})
+    return calls
+
+
+def _tools(value: Any, tally: _Tally) -> list[dict[str, Any]]:
+    """Returns the request's tool definitions, checked ({"type": "function", "function": {"name", ...}})."""
+    if not isinstance(value, list) or not value:
+        raise _invalid("tools", f"expected a non-empty list of tools, got {_preview(value)}", "invalid_type")
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type") != "function":
+            raise _invalid(where, f"expected {{\"type\": \"function\", \"function\": {{\"name\", ...}}}}, got "
+                           f"{_preview(tool)}", "invalid_type")
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise _invalid(f"{where}.function.name",
+                           f"expected a non-empty string, got {_preview(function.get('name'))}")
+        if function.get("strict"):
+            raise _invalid(f"{where}.function.strict", "strict (schema-constrained) arguments are not implemented; "
+                           "expected false or null", "unsupported_parameter")
+        tally.text(json.dumps(tool, ensure_ascii=False), where)
+    return value
+
+
+def _refuse_unimplemented(body: dict) -> None:
+    """Raises RequestError naming the first field this server would otherwise ignore."""
+    for key, value in body.items():
+        if key in IMPLEMENTED_FIELDS or value is None:
+            continue
+        if key in NO_OP_VALUES:
+            no_ops, hint = NO_OP_VALUES[key]
+            if any(value == v and type(value) is not bool or value is v for v in no_ops):
+                continue
+            raise _invalid(key, f"{hint}, got {_preview(value)}", "unsupported_parameter")
+        raise _invalid(key, "this server does not implement this field; leave it out or send null (it implements "
+                       f"{', '.join(IMPLEMENTED_FIELDS)})", "unsupported_parameter")
+
+
+def _flag(body: dict, key: str) -> bool:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise _invalid(key, f"expected true or false, got {_preview(value)}", "invalid_type")
+    return bool(value)
 
 
 def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, default_max_tokens: int,
@@ -238,15 +352,38 @@ def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, def
     if model != model_name:
         raise RequestError(404, f"model: {_preview(model)} is not served here; this server serves {model_name!r}",
                            param="model", code="model_not_found")
-    if body.get("stream"):
-        raise _invalid("stream", "streaming is not supported; send \"stream\": false", "unsupported_value")
+    _refuse_unimplemented(body)
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise _invalid("stream_options", "only allowed with \"stream\": true")
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise _invalid("stream_options", f"expected {{\"include_usage\": true | false}}, got {_preview(options)}",
+                           "unsupported_parameter")
+    include_usage = _flag(options or {}, "include_usage")
     n = _integer(body, "n")
     if n is not None and not 1 <= n <= max_n:
         raise _invalid("n", f"expected an integer in [1, {max_n}] (this server's limit), got {n}")
-    if body.get("logprobs"):
-        raise _invalid("logprobs", "log-probabilities are not returned by this server", "unsupported_value")
+    logprobs = _flag(body, "logprobs")
+    top_logprobs = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+    if top_logprobs and not logprobs:
+        raise _invalid("top_logprobs", "only allowed with \"logprobs\": true")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise _invalid("user", f"expected a string, got {_preview(user)}", "invalid_type")
     tally = _Tally(max_image_pixels, max_prompt_bytes)
     messages = _messages(body.get("messages"), tally)
+    tool_choice = body.get("tool_choice")
+    if tool_choice is not None and tool_choice not in TOOL_CHOICES:
+        raise _invalid("tool_choice", f"expected one of {list(TOOL_CHOICES)} (forcing a call needs constrained "
+                       f"decoding, which this server does not implement), got {_preview(tool_choice)}",
+                       "unsupported_parameter")
+    tools = _tools(body["tools"], tally) if body.get("tools") is not None else None
+    if tool_choice == "none":  # the model is told of no tool, and its reply is not parsed for calls
+        tools = None
+    tool_turns = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    messages = plain_messages(messages, tools)
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(body, key)
     if max_tokens is None:
@@ -271,4 +408,6 @@ def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, def
     params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p,
                             top_k=max(top_k or 0, 0))
     return ChatRequest(messages=messages, params=params, seed=None if seed is None else seed % SEED_MODULUS,
-                       stop=stop, image_sizes=tuple(tally.image_sizes), text_bytes=tally.text_bytes, n=n or 1)
+                       stop=stop, image_sizes=tuple(tally.image_sizes), text_bytes=tally.text_bytes, n=n or 1,
+                       stream=stream, include_usage=include_usage, logprobs=logprobs, top_logprobs=top_logprobs,
+                       parse_tool_calls=tools is not None, tool_turns=tool_turns, user=user)

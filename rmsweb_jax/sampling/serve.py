@@ -3,10 +3,12 @@
     python -m rmsweb_jax.sampling.serve --checkpoint=hf:/ckpt/Qwen3-VL-8B-Instruct --port=8000
         --api_key=KEY --model_name=qwen3-vl-8b --dtype=bfloat16 --mesh_shape=1,4,2
 
-Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (non-streaming). Requests
-that arrive together (within `batch_window_s`, up to `max_batch`) share one `complete()` call,
-so many browser workers share one generation. `--dtype` and `--mesh_shape` (or a run's
-`--config`) load the parameters in that dtype, sharded over the mesh by the sharding rules.
+Endpoints: GET /health, GET /v1/models, GET /metrics (Prometheus), POST /v1/chat/completions
+(JSON, or server-sent events with "stream": true; log-probs, tools: `chat_reply.py`, `tool_calls.py`;
+fields it does not implement are refused: `chat_request.py`). Requests that arrive together (within
+`batch_window_s`, up to `max_batch`) share one `complete()` call, so many browser workers share one
+generation. `--dtype` and `--mesh_shape` (or a run's `--config`) load the parameters in that dtype, sharded
+over the mesh by the sharding rules.
 
 The sampler compiles one program per max_new_tokens, so a request's max_tokens runs in the smallest
 of a few buckets that holds it (powers of two from 16, then `max_tokens_limit`) and its choices are
@@ -14,6 +16,12 @@ cut at its own max_tokens afterwards: finish "length" with the same tokens an un
 Requests whose max_tokens share a bucket also share a generation. A request with n > 1 is answered
 by shared-prefix group sampling (`ChatModel.sample_groups`: the prompt prefilled once, n samples
 decoded from copies of its cache).
+
+`--warmup` runs one generation per max_tokens bucket, batch size and sampling mode (greedy, temperature,
+temperature + top_p) before serving, so no client waits for those compilations; it prints how long it took.
+It warms the smallest prompt-length bucket only: a prompt of another bucket (a screenshot's thousands of
+tokens) compiles on first use, as do top_k and n > 1.
+Each chat request writes one log line (id, status, tokens in / out, latency); /metrics counts the same.
 
 Every bad request gets an OpenAI-style JSON error ({"error": {"message", "type", "param", "code"}})
 with a 4xx and the server keeps serving.
@@ -47,14 +55,23 @@ from rmsweb_jax.errors import UserError
 from rmsweb_jax.models.from_config import mesh_from_config
 from rmsweb_jax.sampling.chat_model import ChatModel, loading_config
 from rmsweb_jax.sampling.chat_http import MiB, ChatHTTPServer
+from rmsweb_jax.sampling.chat_reply import ChoiceReply, TokenText, choice_reply, chunk_objects, completion_object
 from rmsweb_jax.sampling.chat_request import (DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_N, DEFAULT_MAX_PROMPT_BYTES,
                                               ChatRequest, RequestError, parse_chat_request)
 from rmsweb_jax.sampling.prompt_budget import PromptBudget
 from rmsweb_jax.sampling.sampler import SamplingParams
+from rmsweb_jax.sampling.serve_metrics import ServeMetrics, compile_count
+from rmsweb_jax.sampling.tool_calls import renders_like_template
+from rmsweb_jax.sampling.top_logprobs import TopLogprobs
 
 DEFAULT_MAX_PENDING = 64  # requests in progress at once (bodies being read, queued, generating)
 SMALLEST_MAX_TOKENS_BUCKET = 16  # below it a program per size saves at most 15 decode steps
 SERVE_DTYPES = ("float32", "bfloat16")
+# The sampling modes --warmup compiles (each is its own program: greedy, temperature, temperature + top_p);
+# top_k and n > 1 compile on first use.
+WARMUP_MODES = {"greedy": SamplingParams(temperature=0.0), "temperature": SamplingParams(temperature=1.0),
+                "top_p": SamplingParams(temperature=1.0, top_p=0.9)}
+WARMUP_CONVERSATION = ({"role": "user", "content": "warm-up"},)
 
 
 def default_max_tokens_buckets(limit: int) -> tuple[int, ...]:
@@ -101,6 +118,7 @@ class ServeSettings:
     max_prompt_bytes: int  # UTF-8 bytes of text a request may hold, counted before tokenizing
     max_pending: int  # requests in progress (bodies being read, queued, generating); more get a 429
     request_timeout_s: float
+    warmup: bool  # compile the max_tokens buckets, batch sizes and WARMUP_MODES before serving
 
     def __post_init__(self):
         for name in ("max_body_bytes", "max_tokens_limit", "max_batch", "max_image_pixels", "max_prompt_bytes",
@@ -125,7 +143,7 @@ class ServeSettings:
                    default_max_tokens=SERVE_DEFAULTS.default_max_tokens, max_n=flags.max_n,
                    max_body_bytes=flags.max_body_mib * MiB, max_image_pixels=flags.max_image_pixels,
                    max_prompt_bytes=flags.max_prompt_bytes, max_pending=flags.max_pending,
-                   request_timeout_s=SERVE_DEFAULTS.request_timeout_s)
+                   request_timeout_s=SERVE_DEFAULTS.request_timeout_s, warmup=flags.warmup)
 
 
 # The one place the server's defaults are written: the CLI's flags read them, tests replace fields of them.
@@ -133,7 +151,7 @@ SERVE_DEFAULTS = ServeSettings(
     host="127.0.0.1", port=8000, api_key=None, model_name=None, max_batch=8, batch_window_s=0.01,
     max_tokens_limit=4096, max_tokens_buckets=(), default_max_tokens=512, max_n=DEFAULT_MAX_N,
     max_body_bytes=32 * MiB, max_image_pixels=DEFAULT_MAX_IMAGE_PIXELS, max_prompt_bytes=DEFAULT_MAX_PROMPT_BYTES,
-    max_pending=DEFAULT_MAX_PENDING, request_timeout_s=600.0)
+    max_pending=DEFAULT_MAX_PENDING, request_timeout_s=600.0, warmup=False)
 
 
 @dataclasses.dataclass
@@ -146,6 +164,25 @@ class _Job:
     error: BaseException | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """A request's answer, before it is written as JSON or as a stream of chunks."""
+
+    request: ChatRequest
+    reply_id: str
+    created: int
+    choices: list[ChoiceReply]
+    usage: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupReport:
+    """What `ChatServer.warmup` ran: generations (one per program shape), XLA compilations, seconds."""
+
+    generations: int
+    compiles: int
+    seconds: float
+
 class ChatServer:
     """Serves `chat_model` (a ChatModel: `.name`, `.complete(conversations, params, seed=)`,
     `.sample_groups(conversations, n, params, seed=)` for n > 1, and `.tokenizer`, `.image_config`,
@@ -156,7 +193,9 @@ class ChatServer:
             client = ChatClient(server.base_url, model.name, api_key="k")
 
     `base_url` is the OpenAI-style base (http://127.0.0.1:<port>/v1). `stats()` counts requests,
-    errors and `complete_calls` (generations run), which is below `completions` when batching works.
+    errors and `complete_calls` (generations run), which is below `completions` when batching works;
+    `metrics` holds the same for GET /metrics. Tool requests are served only when `plain_messages` renders
+    them as the model's chat template does (`tool_template_error` says why not).
     """
 
     def __init__(self, chat_model, settings: ServeSettings):
@@ -186,6 +225,11 @@ class ChatServer:
                        "server_errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
         self._httpd: ChatHTTPServer | None = None
         self._threads: list[threading.Thread] = []
+        self._in_progress = 0
+        self.metrics = ServeMetrics(queue_depth=self._jobs.qsize, in_progress=lambda: self._in_progress)
+        self.tool_template_error = renders_like_template(chat_model.tokenizer)
+        self._token_text: TokenText | None = None
+        self._top_logprobs: TopLogprobs | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "ChatServer":
@@ -264,18 +308,34 @@ class ChatServer:
 
     def admit(self) -> bool:
         """Returns whether one more request may start (fewer than max_pending in progress); pair with release()."""
-        return self._pending.acquire(blocking=False)
+        if not self._pending.acquire(blocking=False):
+            return False
+        with self._lock:
+            self._in_progress += 1
+        return True
 
     def release(self) -> None:
         """Ends a request admitted by admit()."""
+        with self._lock:
+            self._in_progress -= 1
         self._pending.release()
 
     # --- one chat completion --------------------------------------------------------------------
     def chat_completion(self, body: Any) -> dict[str, Any]:
-        """Returns the OpenAI chat.completion object for a parsed JSON `body`; raises RequestError."""
+        """Returns the chat.completion object for a parsed JSON `body` (as if not streamed); raises RequestError."""
+        a = self.answer(body)
+        return completion_object(a.reply_id, a.created, self.model_name, a.choices, a.usage)
+
+    def answer(self, body: Any, reply_id: str | None = None) -> Answer:
+        """Returns the answer to a parsed JSON `body` (its id `reply_id`, default a new one); raises RequestError."""
         request = parse_chat_request(body, model_name=self.model_name, max_tokens_limit=self.max_tokens_limit,
                                      default_max_tokens=self.default_max_tokens, max_image_pixels=self.max_image_pixels,
                                      max_prompt_bytes=self.max_prompt_bytes, max_n=self.max_n)
+        if request.tool_turns and self.tool_template_error:
+            param = "tools" if request.parse_tool_calls else "messages"
+            raise RequestError(400, f"{param}: this model's chat template does not write tools, tool calls and tool "
+                               f"results in Qwen's format, so they cannot be served ({self.tool_template_error})",
+                               param=param, code="unsupported_parameter")
         self._budget.check(request)  # here, not on the batch thread
         if self._httpd is None:
             raise RequestError(503, "the server is shutting down", code="server_shutting_down")
@@ -291,20 +351,72 @@ class ChatServer:
                 raise RequestError(400, f"the model rejected the request: {job.error}", code="invalid_prompt")
             raise RequestError(500, f"generation failed: {type(job.error).__name__}: {job.error}",
                                code="generation_error", type_="server_error")
+        token_text = self.token_text if (request.stream or request.logprobs) else None
         choices = []
         for index, c in enumerate(job.completions):
-            text, finish = _apply_stop(c.text, c.finish_reason, request.stop)
-            choices.append({"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
+            tops = (self.top_logprobs.top(request.messages, c, request.params.temperature, request.top_logprobs)
+                    if request.top_logprobs else None)
+            choices.append(choice_reply(index, c, request.stop, parse_tools=request.parse_tool_calls,
+                                        logprobs=request.logprobs, top_logprobs=tops, token_text=token_text))
         # The prompt is read once however many choices share it; every returned token counts.
         prompt_tokens = job.completions[0].prompt_tokens
         completion_tokens = sum(c.completion_tokens for c in job.completions)
         self._count(completions=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": self.model_name, "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
-        }
+        return Answer(request, reply_id or f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), choices,
+                      {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                       "total_tokens": prompt_tokens + completion_tokens})
+
+    def reply_chunks(self, a: Answer) -> list[dict[str, Any]]:
+        """Returns the chat.completion.chunk objects that stream answer `a`."""
+        return chunk_objects(a.reply_id, a.created, self.model_name, a.choices, a.usage, a.request.include_usage)
+
+    def reply_object(self, a: Answer) -> dict[str, Any]:
+        """Returns the chat.completion object of answer `a`."""
+        return completion_object(a.reply_id, a.created, self.model_name, a.choices, a.usage)
+
+    @property
+    def token_text(self) -> TokenText:
+        """Returns the tokenizer's per-token bytes and text pieces (for log-probs and streams; made on first use)."""
+        if self._token_text is None:
+            self._token_text = TokenText(self.chat_model.tokenizer)
+        return self._token_text
+
+    @property
+    def top_logprobs(self) -> TopLogprobs:
+        """Returns the scorer of the most likely tokens at each step (made on first use)."""
+        if self._top_logprobs is None:
+            self._top_logprobs = TopLogprobs(self.chat_model)
+        return self._top_logprobs
+
+    def log_request(self, reply_id: str, status: int, answer: Answer | None, latency_s: float) -> None:
+        """Writes the one log line of a chat request and counts it in `metrics`."""
+        prompt = answer.usage["prompt_tokens"] if answer else 0
+        completion = answer.usage["completion_tokens"] if answer else 0
+        self.metrics.observe(status, prompt, completion, latency_s)
+        user = f" user={answer.request.user}" if answer and answer.request.user else ""
+        stream = " stream" if answer and answer.request.stream else ""
+        logging.info("request %s status=%d tokens_in=%d tokens_out=%d latency_s=%.3f%s%s", reply_id, status, prompt,
+                     completion, latency_s, stream, user)
+
+    def warmup(self) -> WarmupReport:
+        """Returns what it ran: one generation (a short prompt, its smallest length bucket) per max_tokens
+        bucket, batch size the model pads to (up to max_batch) and WARMUP_MODES, so requests of those shapes
+        find their programs compiled. Call before serving (it holds the model)."""
+        start, compiles_before = time.perf_counter(), compile_count()
+        largest = min(self.max_batch, int(getattr(self.chat_model, "max_batch", self.max_batch)))
+        sizes, b = [], 1
+        while b < largest:  # ChatModel pads a batch to a power of two below its max_batch, or to max_batch
+            sizes.append(b)
+            b *= 2
+        sizes.append(largest)
+        runs = 0
+        for bucket in self.max_tokens_buckets:
+            for size in sizes:
+                for mode in WARMUP_MODES.values():
+                    self.chat_model.complete([list(WARMUP_CONVERSATION)] * size,
+                                             dataclasses.replace(mode, max_new_tokens=bucket), seed=0)
+                    runs += 1
+        return WarmupReport(runs, compile_count() - compiles_before, time.perf_counter() - start)
 
     def models(self) -> dict[str, Any]:
         """Returns the OpenAI model list (this server's one model)."""
@@ -347,6 +459,7 @@ class ChatServer:
                 self._seed += 1
                 seed = self._seed
         try:
+            self.metrics.generations.inc()
             with self._lock:
                 self._stats["complete_calls"] += 1
                 self._stats["max_batch_seen"] = max(self._stats["max_batch_seen"], len(jobs))
@@ -384,12 +497,6 @@ def _cut(completion, max_tokens: int, tokenizer):
     return dataclasses.replace(completion, text=tokenizer.decode(list(ids), skip_special_tokens=True),
                                completion_tokens=max_tokens, finish_reason="length", token_ids=ids,
                                logprobs=completion.logprobs[:max_tokens])
-
-
-def _apply_stop(text: str, finish_reason: str, stop: tuple[str, ...]) -> tuple[str, str]:
-    """Returns the text cut before the first stop string (finish "stop"), else unchanged."""
-    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
-    return (text[:min(cuts)], "stop") if cuts else (text, finish_reason)
 
 
 def serving_config(spec: str, config, dtype: str, mesh_shape: str):
@@ -439,6 +546,12 @@ def main(argv) -> None:
         model = ChatModel.load(given.checkpoint, workdir, config=config,
                                **({"name": given.model_name} if given.model_name else {}))
         server = ChatServer(model, settings)
+        if settings.warmup:
+            print(f"warming up: max_tokens buckets {server.max_tokens_buckets}, modes {', '.join(WARMUP_MODES)}",
+                  flush=True)
+            report = server.warmup()
+            print(f"warm-up done: {report.generations} generations, {report.compiles} XLA compilations, "
+                  f"{report.seconds:.1f} s", flush=True)
     except UserError as err:
         print(f"serve: error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -489,6 +602,8 @@ def define_flags(flag_values=None) -> None:
     integer("max_prompt_bytes", d.max_prompt_bytes,
             "Most UTF-8 bytes of text a request may hold; more is refused before tokenizing.")
     integer("max_pending", d.max_pending, "Most requests in progress; more get a 429.")
+    flags.DEFINE_boolean("warmup", d.warmup, "Before serving, compile every max_tokens bucket, batch size and "
+                         f"sampling mode ({', '.join(WARMUP_MODES)}) and print how long it took.", **fv)
     flags.mark_flag_as_required("checkpoint", **fv)
 
 

@@ -67,7 +67,7 @@ def _bad_requests(name):
         "unknown_model": ({"model": "gpt-9"}, {}, 404, "model"),
         "n_over_limit": ({"n": 17}, {}, 400, "n"),  # the default max_n is 16
         "n_0": ({"n": 0}, {}, 400, "n"),
-        "stream": ({"stream": True}, {}, 400, "stream"),
+        "penalty": ({"frequency_penalty": 0.5}, {}, 400, "frequency_penalty"),
         "max_tokens_over_limit": ({"max_tokens": 65}, {}, 400, "max_tokens"),
         "bad_temperature": ({"temperature": "hot"}, {}, 400, "temperature"),
         "bad_image_base64": ({"messages": [{"role": "user", "content": [
@@ -86,7 +86,7 @@ def _bad_requests(name):
 
 
 BAD = ["bad_json", "not_an_object", "oversized_body", "wrong_api_key", "missing_api_key", "missing_messages",
-       "empty_messages", "bad_role", "missing_model", "unknown_model", "n_over_limit", "n_0", "stream",
+       "empty_messages", "bad_role", "missing_model", "unknown_model", "n_over_limit", "n_0", "penalty",
        "max_tokens_over_limit", "bad_temperature", "bad_image_base64", "not_an_image", "remote_image",
        "image_in_system_turn"]
 
@@ -191,7 +191,7 @@ def test_stop_strings_cut_the_text(server, model):
         pytest.skip(f"the random model wrote {text!r}: nothing to cut")
     status, cut = post_chat(server, chat_body(model, stop=[text[1:]]))
     assert status == 200 and cut["choices"][0] == {"index": 0, "message": {"role": "assistant", "content": text[:1]},
-                                                   "finish_reason": "stop"}
+                                                   "finish_reason": "stop", "logprobs": None}
 
 
 def test_cli_prints_its_url_serves_and_stops_on_sigterm(tmp_path):

@@ -142,7 +142,7 @@ json_values = st.recursive(
         max_size=3),
     max_leaves=8)
 FIELDS = ["messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
-          "stream", "logprobs", "model"]
+          "stream_options", "logprobs", "top_logprobs", "tools", "tool_choice", "model"]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -2,6 +2,12 @@
 the request log and --warmup, against the real server over the tiny random model on 127.0.0.1."""
 import json
 import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
 import urllib.request
 
 import jax
@@ -18,6 +24,7 @@ from rmsweb_jax.sampling.chat_reply import TokenText, choice_reply, chunk_object
 from rmsweb_jax.sampling.chat_request import parse_chat_request
 from rmsweb_jax.sampling.serve import SERVE_DEFAULTS, WARMUP_MODES, ChatServer, ServeSettings, define_flags
 from rmsweb_jax.sampling.tool_calls import parse_tool_calls, renders_like_template
+from tests.sampling.tiny_chat import tiny_checkpoint_dir
 from tests.settings import serve_settings
 
 KEY = "sdk-key"
@@ -48,8 +55,12 @@ def create(client, model, **kw):
 
 
 def metrics(server) -> dict:
-    """Returns {sample name with labels: value} of GET /metrics, parsed by prometheus_client."""
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as response:
+    """Returns {(sample name, labels): value} of the server's GET /metrics, parsed by prometheus_client."""
+    return _scrape(server.url)
+
+
+def _scrape(url: str) -> dict:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
         assert response.headers["Content-Type"].startswith("text/plain")
         text = response.read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -272,3 +283,43 @@ def test_the_warmup_flag_reaches_the_settings():
     values(["serve", "--checkpoint=random:tiny", "--warmup"])
     assert ServeSettings.from_flags(values).warmup is True
     assert SERVE_DEFAULTS.warmup is False
+
+
+@pytest.mark.slow  # a fresh process loads the model and compiles the three warm-up programs (~30 s on 2 cores)
+def test_the_cli_warms_up_prints_how_long_and_serves_without_compiling(tmp_path):
+    log = open(tmp_path / "serve.log", "w+")
+    checkpoint = tiny_checkpoint_dir()
+    proc = subprocess.Popen([sys.executable, "-m", "rmsweb_jax.sampling.serve", f"--checkpoint=hf:{checkpoint}",
+                             "--port=0", f"--workdir={tmp_path}", "--max_tokens_limit=16", "--max_batch=1",
+                             "--served_model_name=warm", "--warmup"],
+                            stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    try:
+        lines: list[str] = []
+
+        def read_until_serving():
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith("serving "):
+                    return
+        reader = threading.Thread(target=read_until_serving, daemon=True)
+        reader.start()
+        reader.join(timeout=300)  # loading, then the warm-up; the URL line comes when it serves
+        assert lines and lines[-1].startswith("serving "), (lines, log.seek(0) or log.read()[-3000:])
+        done = re.fullmatch(r"warm-up done: (\d+) generations, (\d+) XLA compilations, ([\d.]+) s\n", lines[-2])
+        assert done and int(done[1]) == len(WARMUP_MODES) and int(done[2]) >= len(WARMUP_MODES), lines
+        base_url = re.match(r"serving \S+ at (\S+) ", lines[-1])[1]
+        server_url = base_url.removesuffix("/v1")
+        before = _scrape(server_url)
+        sdk = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+        for kw in ({}, {"temperature": 0.8, "seed": 1}, {"temperature": 0.8, "top_p": 0.5}):
+            sdk.chat.completions.create(model="warm", messages=[{"role": "user", "content": "hi"}], max_tokens=4, **kw)
+        after = _scrape(server_url)
+        assert after[("rmsweb_serve_xla_compiles_total", ())] == before[("rmsweb_serve_xla_compiles_total", ())]
+        assert after[("rmsweb_serve_requests_total", (("status", "200"),))] == 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()

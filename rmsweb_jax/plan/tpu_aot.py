@@ -105,13 +105,16 @@ def topology_devices(chip: str, chips: int) -> tuple:
 class CompileReport:
     """What the compiler says of one program, per device."""
     name: str
-    seconds: float             # trace + lower + compile
+    seconds: float             # trace + lower + compile, wall clock
     argument_bytes: int
     output_bytes: int
     alias_bytes: int           # outputs that reuse (donated) argument buffers
     temp_bytes: int
     flops: float               # cost_analysis()['flops'] (per device: the partitioned program)
     hlo: str
+    # CPU time of this process over the compile (every thread): unlike `seconds`, not stretched by other work
+    # sharing the cores, so it compares across runs and machines of one CPU model.
+    cpu_seconds: float = 0.0
 
     @property
     def peak_bytes(self) -> int:
@@ -190,15 +193,17 @@ def compile_program(name: str, fn: Callable, args: Sequence[Any], *, platform: s
     """Returns the CompileReport of `fn` (a jax.jit object) on abstract `args` (ShapeDtypeStructs with
     shardings over topology devices), compiled for `platform`."""
     start = time.perf_counter()
+    cpu_start = time.process_time()
     # Traced at the chip's default matmul precision, as on a TPU VM: a process that set 'highest' for exact CPU
     # references (our tests) would otherwise hand Mosaic kernels bf16 dots with an fp32 contract precision, which
     # it refuses ("Bad lhs type"), in backward kernels traced outside any context the model code could set.
     with jax.default_matmul_precision("default"):
         compiled = fn.trace(*args).lower(lowering_platforms=(platform,)).compile()
     seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return CompileReport(name, seconds, int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes),
                          int(mem.alias_size_in_bytes), int(mem.temp_size_in_bytes), float(cost.get("flops", 0.0)),
-                         compiled.as_text())
+                         compiled.as_text(), cpu_seconds)

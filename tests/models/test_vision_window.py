@@ -1,17 +1,22 @@
 """The vision tower's banded attention (RuntimeOptions.vision_window): exact against the whole-sequence
 path on images of mixed sizes with padding, linear in the number of images where the whole path is
-quadratic, and an image larger than the window refused on the host (NaN on device if it slips through)."""
+quadratic (the tiny tower here, and the 8B tower program that the TPU tests compile), and an image
+larger than the window refused on the host (NaN on device if it slips through)."""
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh
 
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import attention as attn
+from rmsweb_jax.models.from_config import rules_from_config
 from rmsweb_jax.models.qwen3_vl import RuntimeOptions, create, rope, tiny
 from rmsweb_jax.models.qwen3_vl.model import VisionInputs, check_vision_window, pad_vision, prepare_inputs
+from rmsweb_jax.plan import programs, tpu_aot
+from tests.tpu_aot.slices import model_config, slice_config
 
 CFG = tiny()
 MERGE = CFG.vision.spatial_merge_size
@@ -74,6 +79,25 @@ def test_banded_cost_grows_linearly_with_images_where_the_whole_sequence_grows_q
     # doubling of the images (the MLPs of this tiny tower keep the total ratio lower).
     assert whole[1] / whole[0] > 1.15 and whole[2] / whole[1] > 1.25, whole
     assert banded[2] < 0.65 * whole[2], (banded, whole)
+
+
+def test_the_8b_tower_program_costs_the_same_per_image_at_4_8_and_16_images():
+    # The program the planner and the tpu_aot tests compile (plan/programs.py), at the 8B preset's vision widths
+    # (2 blocks) and 256 patches an image, compiled by XLA:CPU on one device: its FLOP count is that of the program
+    # as written, which is what grows with the square of the images when attention spans them all.
+    mesh = Mesh(np.array(jax.devices("cpu")[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+    patches = 256
+
+    def per_image(images, window):
+        config = slice_config("8b", "v5p", (1, 1, 1))
+        config.model.vision_window, config.model.attention_impl = window, "xla"
+        program = programs.vision_tower(config, model_config("8b"), mesh, rules_from_config(config), images, patches)
+        return tpu_aot.compile_program(program.name, program.fn, program.args, platform="cpu").flops / images
+
+    banded = {n: per_image(n, patches) for n in (4, 8, 16)}
+    assert max(banded.values()) <= 1.05 * min(banded.values()), banded
+    # Without the window the same tower pays for every pair of images: more per image as images are added.
+    assert per_image(16, 0) > 1.15 * banded[16], banded
 
 
 def test_an_image_larger_than_the_window_is_refused_on_the_host_naming_grid_patches_and_window():

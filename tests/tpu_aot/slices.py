@@ -92,7 +92,7 @@ def _record(sl: CompiledSlice, program: str, rep: tpu_aot.CompileReport) -> None
     from rmsweb_jax.sampling.sampler import DECODE_LOOP_SCOPE
     gathers = tpu_aot.instructions(rep.hlo, "all-gather", scope=DECODE_LOOP_SCOPE)
     row = {"program": program, "slice": f"{sl.plan.chip.name} x{sl.plan.devices} {dict(sl.mesh.shape)}",
-           "compile_s": round(rep.seconds, 1), "compiled_gib": rep.peak_bytes / 2 ** 30,
+           "compile_s": round(rep.seconds, 1), "compile_cpu_s": round(rep.cpu_seconds, 1), "compiled_gib": rep.peak_bytes / 2 ** 30,
            "planned_gib": sl.planned(program) / 2 ** 30, "tflop_device": rep.flops / 1e12,
            "decode_all_gathers": len(gathers) if "generate" in program else None,
            "decode_all_gathers_over_1mib": sum(tpu_aot.result_bytes(g) >= 1 << 20 for g in gathers)}

@@ -1,6 +1,9 @@
-"""The vision tower over several images and the Pallas kernels, compiled for TPU: the tower's FLOPs grow
-linearly with the number of images (per-image attention, on v5p), and on v5p and v6e the tower with splash and the
-kernels the stages call on one chip compile."""
+"""The vision tower over several images and the Pallas kernels, compiled for TPU: on v5p and v6e the tower with
+splash and the kernels the stages call on one chip compile.
+
+That the same tower program's FLOPs grow linearly with the number of images is checked on XLA:CPU's compile of it
+(tests/models/test_vision_window.py): the count is a property of the program we write, and four TPU compiles of it
+cost about 4 minutes of the suite's CPU where four CPU compiles cost 15 s."""
 import dataclasses
 
 import jax
@@ -25,7 +28,7 @@ def _devices(chip, chips):
         pytest.skip(f"libtpu cannot load here: {err}")
 
 
-def _vision_flops(images: int, window: int, impl: str, chip: str = "v5p") -> float:
+def _vision_flops(images: int, window: int, impl: str, chip: str) -> float:
     config = slice_config("8b", chip, (1, 2, 2))
     config.model.vision_window, config.model.attention_impl = window, impl
     devices = _devices(chip, 4)
@@ -33,14 +36,6 @@ def _vision_flops(images: int, window: int, impl: str, chip: str = "v5p") -> flo
     from rmsweb_jax.models.from_config import rules_from_config
     program = programs.vision_tower(config, model_config("8b"), mesh, rules_from_config(config), images, PATCHES)
     return tpu_aot.compile_program(program.name, program.fn, program.args).flops
-
-
-def test_vision_flops_grow_linearly_with_images():
-    # XLA's banded path, whose attention cost_analysis counts (a Mosaic kernel's FLOPs are not counted).
-    per_image = {n: _vision_flops(n, PATCHES, "xla") / n for n in (4, 8, 16)}
-    assert max(per_image.values()) <= 1.10 * min(per_image.values()), per_image
-    # Without the window the same tower pays for every pair of images: more per image as images are added.
-    assert _vision_flops(16, 0, "xla") / 16 > 1.2 * per_image[16]
 
 
 @pytest.mark.parametrize("chip", ("v5p", "v6e"))

@@ -5,9 +5,62 @@ cannot work: an unknown stage, a `model.init` of no known form, a checkpoint or 
 there. Its message names the value and what would work. `python -m rmsweb_jax.main` prints it as
 one line and exits with status 2; the traceback is shown with --verbosity=1 or RMSWEB_TRACEBACK=1.
 A ValueError, so that code checking values keeps catching it. Anything else is a bug and keeps its
-traceback.
+traceback. The small commands (the viewer, the planner) end the same way through run_absl_command, which
+also makes --help exit 0 (absl's own exits 1).
 """
+import os
+import sys
+
+from absl import app, flags
 
 
 class UserError(ValueError):
     """A command-line value, config value or input path that cannot work; the message says what would."""
+
+
+HELP_FLAGS = ("--help", "-help", "-h", "--helpshort", "--helpfull", "--helpxml", "-?")
+USAGE_ERROR = 2  # exit status of a user error, as argparse and absl's usage errors use
+
+
+def run_absl_command(main, prog: str) -> None:
+    """Runs `main` under absl.app as the command `prog`: --help prints the usage and exits 0 (absl's exits 1),
+    a flag mistake or a UserError prints one line "<prog>: error: ..." and exits 2 (RMSWEB_TRACEBACK=1 keeps the
+    traceback). For the small commands (viewer, plan); rmsweb_jax/main.py does the same with its config hints."""
+    import os
+    import sys
+
+    from absl import app, flags
+
+    def parse(argv):
+        try:
+            return flags.FLAGS(argv)
+        except SystemExit as done:
+            if done.code == 1 and wants_help(argv):
+                sys.exit(0)
+            raise
+        except flags.Error as err:
+            if os.environ.get("RMSWEB_TRACEBACK") == "1":
+                raise
+            exit_with_one_line(prog, err)
+
+    def guarded(argv):
+        try:
+            return main(argv)
+        except UserError as err:
+            if os.environ.get("RMSWEB_TRACEBACK") == "1":
+                raise
+            exit_with_one_line(prog, err)
+
+    app.run(guarded, flags_parser=parse)
+
+
+def wants_help(argv) -> bool:
+    """Returns whether the command line asks for help (absl then prints the usage and exits)."""
+    return any(str(arg).split("=")[0] in HELP_FLAGS for arg in list(argv)[1:])
+
+
+def exit_with_one_line(prog: str, err: BaseException, hint: str = "") -> None:
+    """Prints `err` as one line "<prog>: error: ..." on stderr and exits 2."""
+    message = " ".join(str(err).split())
+    print(f"{prog}: error: {message}{' ' + hint if hint else ''}", file=sys.stderr, flush=True)
+    sys.exit(USAGE_ERROR)

@@ -14,19 +14,29 @@ status 2; --verbosity=1 or RMSWEB_TRACEBACK=1 shows the traceback instead.
 One run per workdir: a run takes <workdir>/run.lock before it writes anything and holds it to the end
 (rmsweb_jax/workdir_lock.py); a second run on the same workdir is refused in one line naming the holder,
 status 2. On a pod slice process 0 holds it and the others wait for its answer.
+
+`--config.stages=help` prints each stage (what it does, the stages it reads from, what it writes, the
+config fields it reads, with this config's values) and runs nothing. Ctrl-C stops the run with one line
+naming the stage it stopped, status 130; rerunning the same command resumes it (the stages' manifests and
+checkpoints say where).
 """
 from __future__ import annotations
 
 import contextlib
+import difflib
+import json
 import os
 import pathlib
+import signal
 import sys
+import threading
+import time
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from rmsweb_jax.distributed import maybe_initialize_distributed
-from rmsweb_jax.errors import UserError
+from rmsweb_jax.errors import USAGE_ERROR, UserError, wants_help
 from rmsweb_jax.workdir_lock import WorkdirLock, describe
 # STAGES: stage name -> its module of rmsweb_jax.stages (the registry lives beside the runner, which the
 # `table` stage also runs on its variants' sub-workdirs).
@@ -34,9 +44,11 @@ from rmsweb_jax.stages.pipeline import STAGES, run_pipeline, stage_module, stage
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:arg]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for this run's outputs (created if missing).")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flags_as_required(["config"])  # --workdir is checked in main: --config.stages=help needs none
 
-USAGE_ERROR = 2  # exit status of a user error, as argparse and absl's usage errors use
+INTERRUPTED = 130  # exit status after Ctrl-C, as shells report a SIGINT death (128 + 2)
+STOP_GRACE_S = 10.0  # after Ctrl-C, how long the run may unwind (finally blocks, lock release) before it is ended
+
 TRACEBACK_ENV = "RMSWEB_TRACEBACK"
 
 
@@ -60,17 +72,111 @@ def run_stages(config, workdir: str | pathlib.Path) -> None:
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _describe_wanted(_CONFIG.value.stages):
+        from rmsweb_jax.stages.describe import describe_stages  # deferred: it imports every stage module
+        print(describe_stages(_CONFIG.value))
+        return
+    stop = CtrlC(_WORKDIR.value)
     try:
         stage_names(_CONFIG.value.stages)  # a misspelt stage answers before the cluster starts
+        if _WORKDIR.value is None:
+            raise UserError("--workdir is missing: give the folder (or gs://BUCKET/FOLDER) for this run's outputs")
         if not _WORKDIR.value.strip():  # "" would be the current folder: a run's files among the user's own
             raise UserError("--workdir is empty: give the folder (or gs://BUCKET/FOLDER) for this run's outputs")
         maybe_initialize_distributed()  # multi-host only when RMSWEB_DISTRIBUTED=1 (see BUILD.md)
-        with workdir_locked(_CONFIG.value, _WORKDIR.value):
+        with workdir_locked(_CONFIG.value, _WORKDIR.value) as lock, stop.handling(lock):
             run_stages(_CONFIG.value, _WORKDIR.value)
     except UserError as err:
         if _traceback_wanted():
             raise
         _exit_with(err)
+    except KeyboardInterrupt:
+        if _traceback_wanted():
+            raise
+        stop.exit()
+
+
+class CtrlC:
+    """Ctrl-C during a run: one line naming the stage it stopped and saying that rerunning resumes, status 130.
+
+    Python's own SIGINT handling raises KeyboardInterrupt wherever the main thread is, and a KeyboardInterrupt
+    raised inside a garbage-collection callback (JAX registers one) is printed and dropped: the run would go on.
+    So the handler also starts a watchdog that ends the process STOP_GRACE_S after the Ctrl-C if unwinding has not
+    (or never began); a second Ctrl-C ends it at once. Ending it abruptly is safe: a stage's outputs count only
+    once its manifest is written, and checkpoints are written atomically (a kill -9 resumes the same way).
+    A lock lost on a bucket also interrupts the main thread (workdir_lock.py): that is not a Ctrl-C, and the lock's
+    own message has been printed, so the run then ends with status 2 and no Ctrl-C line.
+    """
+
+    def __init__(self, workdir: str | None):
+        self.workdir, self.lock = workdir, None
+        self._said = threading.Lock()
+        self._pressed = threading.Event()
+
+    @contextlib.contextmanager
+    def handling(self, lock):
+        """Yields with this handler on SIGINT (main thread only), the previous handler restored after."""
+        self.lock = lock
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _on_sigint(self, signum, frame):
+        if self._pressed.is_set():
+            self._say_and_end()
+        self._pressed.set()
+        threading.Thread(target=self._end_after_grace, name="rmsweb-ctrl-c", daemon=True).start()
+        raise KeyboardInterrupt
+
+    def _end_after_grace(self) -> None:
+        time.sleep(STOP_GRACE_S)
+        self._say_and_end()
+
+    def _lost_lock(self) -> bool:
+        return bool(getattr(self.lock, "lost", False))
+
+    def _say(self) -> bool:
+        if not self._said.acquire(blocking=False):
+            return False
+        if not self._lost_lock():
+            print(f"rmsweb: interrupted: {_interrupted_stage(self.workdir)} stopped by Ctrl-C; rerun the same "
+                  "command to resume", file=sys.stderr, flush=True)
+        return True
+
+    def _say_and_end(self) -> None:
+        self._say()
+        sys.stdout.flush()
+        os._exit(USAGE_ERROR if self._lost_lock() else INTERRUPTED)
+
+    def exit(self) -> None:
+        """Says what stopped (once) and exits with 130 (2 when the lock was lost)."""
+        self._say()
+        sys.exit(USAGE_ERROR if self._lost_lock() else INTERRUPTED)
+
+
+def _describe_wanted(stages) -> bool:
+    parts = [stages] if isinstance(stages, str) else list(stages)
+    return [str(part).strip() for part in parts] in (["help"], ["describe"])
+
+
+def _interrupted_stage(workdir: str) -> str:
+    """Returns which stage a Ctrl-C stopped ("stage sft"), from workdir/stages.json (run_pipeline writes each stage
+    there as it starts and gives it its seconds when it ends): the one that started and has no seconds yet."""
+    if not workdir:
+        return "the run"
+    try:
+        from rmsweb_jax import storage
+        from rmsweb_jax.stages.pipeline import STAGES_FILE
+        record = json.loads((storage.as_path(workdir) / STAGES_FILE).read_text())
+    except (OSError, ValueError):  # no stages.json yet: stopped while starting up
+        return "the run (before its first stage started)"
+    running = [entry["stage"] for entry in record if entry.get("ran") and not entry.get("seconds")]
+    return f"stage {running[-1]}" if running else "the run (between stages)"
 
 
 @contextlib.contextmanager
@@ -103,15 +209,84 @@ def workdir_locked(config, workdir):
 
 def parse_flags(argv: list[str]) -> list[str]:
     """Returns the arguments left after parsing the flags; a bad flag or config override (unknown key,
-    wrong type, missing config file) exits with one line and status 2."""
+    wrong type, missing config file) exits with one line and status 2, --help with the usage and status 0."""
     try:
-        return flags.FLAGS(argv)
-    except (flags.Error, KeyError, AttributeError, TypeError, ValueError) as err:
+        left = flags.FLAGS(argv)
+        _CONFIG.value.get("stages")  # a config file that failed to load raises here (ml_collections defers it)
+        return left
+    except SystemExit as done:
+        if done.code == 1 and wants_help(argv):
+            sys.exit(0)  # absl's --help exits 1: asking for help is not a failure
+        raise
+    except (flags.Error, KeyError, AttributeError, TypeError, ValueError, OSError) as err:
         # ml_collections raises KeyError / AttributeError / TypeError for an override of a key the config
-        # does not have or of the wrong type; absl's flags.Error covers the rest (e.g. a missing --workdir).
+        # does not have or of the wrong type, OSError for a config file it cannot load; absl's flags.Error
+        # covers the rest (e.g. a missing --workdir).
         if os.environ.get(TRACEBACK_ENV) == "1":
             raise
-        _exit_with(err, hint="(--helpfull lists the flags)")
+        _exit_with(UserError(flag_mistake(argv, err)), hint="(--helpfull lists the flags)")
+
+
+def flag_mistake(argv: list[str], err: BaseException) -> str:
+    """Returns the one-line message for a flag the parser refused: the config file or override at fault, its
+    value and what would work; else the parser's own message."""
+    config_arg = next((a for a in argv[1:] if a.startswith("--config=")), None)
+    if isinstance(err, OSError) and config_arg is not None:
+        path = config_arg.split("=", 1)[1].split(":", 1)[0]
+        if not os.path.isfile(path):
+            shipped = sorted(p.name for p in (pathlib.Path(__file__).resolve().parents[1] / "configs").glob("*.py"))
+            return (f"{config_arg}: no such config file {path!r} (relative to {os.getcwd()}); "
+                    f"the shipped ones: configs/{{{','.join(shipped)}}}")
+        return f"{config_arg}: could not load the config file: {' '.join(str(err).split())}"
+    config = flags.FLAGS["config"].value
+    if config is None and config_arg is not None:  # an override failed while the flag was being set: load it again
+        try:
+            config = flags.FLAGS["config"].parser.parse(config_arg.split("=", 1)[1])  # the config file's parser
+        except (OSError, TypeError, ValueError):  # it failed to load: the parser's own message below names the mistake
+            config = None
+    if config is None or not hasattr(config, "keys"):
+        return _parser_message(err)
+    for arg in argv[1:]:
+        if not arg.startswith("--config.") or "=" not in arg:
+            continue
+        key, value = arg[len("--config."):].split("=", 1)
+        node, walked = config, "config"
+        for part in key.split("."):
+            if not hasattr(node, "keys"):
+                return f"{arg}: {walked} = {node!r} is a value, not a block: it has no field {part!r}"
+            if part not in node:
+                return f"{arg}: {walked} has no field {part!r}; {_nearest(config, walked, node, part)}"
+            node, walked = node[part], f"{walked}.{part}"
+        wrong = str(err).replace("flag ", "", 1)
+        if wrong.startswith(f"{arg}:"):  # the field exists; the value is not of its type
+            if hasattr(node, "keys"):
+                return f"{arg}: {walked} is a block of fields ({', '.join(node.keys())}): set them one by one"
+            return (f"{arg}: expected a value of type {type(node).__name__}, as {walked} = {node!r} in this config "
+                    f"({value!r} is not one)")
+    return _parser_message(err)
+
+
+def _nearest(config, walked: str, node, part: str) -> str:
+    """Returns a hint for an unknown field: a close name in its block, else fields of that name elsewhere, else the
+    block's fields."""
+    close = difflib.get_close_matches(part, list(node.keys()), n=1)
+    if close:
+        return f"did you mean {walked}.{close[0]}?"
+    elsewhere = [path for path in _leaf_paths(config, "config") if path.rsplit(".", 1)[-1] == part]
+    if elsewhere:
+        return f"a field of that name is at {' or '.join(elsewhere[:3])}"
+    return f"its fields: {', '.join(sorted(node.keys()))}"
+
+
+def _leaf_paths(node, prefix: str) -> list[str]:
+    if not hasattr(node, "keys"):
+        return [prefix]
+    return [path for key in node.keys() for path in _leaf_paths(node[key], f"{prefix}.{key}")]
+
+
+def _parser_message(err: BaseException) -> str:
+    message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)  # KeyError's str() is a repr
+    return " ".join(str(message).split())  # one line: ml_collections adds "\nDid you mean ..."
 
 
 def _traceback_wanted() -> bool:

@@ -74,8 +74,10 @@ def _one_line_error(proc) -> str:
     (["--config.stages=collect,sft_typo"], r"config.stages = \('collect,sft_typo',\) names unknown stage\(s\) "
                                            r"\['sft_typo'\]; known stages: \['action_accuracy', 'collect', "),
     (["--config.stages=('collect','sft_typo')"], r"unknown stage\(s\) \['sft_typo'\]"),
-    (["--config.modle.init=random:tiny"], r"'modle' Did you mean \"model\" instead of \"modle\"\?"),
-    (["--config.train.batch_size=eight"], r"--config.train.batch_size=eight: invalid literal for int"),
+    (["--config.modle.init=random:tiny"], r"--config.modle.init=random:tiny: config has no field 'modle'; "
+                                          r"did you mean config.model\?"),
+    (["--config.train.batch_size=eight"], r"--config.train.batch_size=eight: expected a value of type int, as "
+                                          r"config.train.batch_size = 8 in this config"),
 ])
 def test_command_line_mistakes_exit_2_with_one_line(tmp_path, args, message):
     line = _one_line_error(_main(*args, workdir=tmp_path / "run"))

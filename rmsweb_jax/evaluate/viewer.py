@@ -336,7 +336,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
+    from rmsweb_jax.errors import run_absl_command
 
     flags.DEFINE_multi_string("store", None, "A trajectory store folder (repeat for several policies).")
     flags.DEFINE_string("out", None, "Folder to write index.html and the episode pages into.")
@@ -344,4 +344,4 @@ if __name__ == "__main__":
                                              "store's recorded policy, else its folder name).")
     flags.DEFINE_integer("max_episodes", 0, "At most this many episodes of each store (0: all).")
     flags.mark_flags_as_required(["store", "out"])
-    app.run(main)
+    run_absl_command(main, "viewer")  # --help exits 0; a missing store or flag is one line, status 2

@@ -4,5 +4,15 @@ Per-device bytes of parameters, optimizer state, gradients, activations under th
 the sampler's KV cache, model FLOPs per step and the step time at a stated MFU, for each stage the
 config runs, from abstract shapes alone; a config over the chip's HBM is refused with the figures.
 """
-from rmsweb_jax.plan.chips import CHIPS, Chip
-from rmsweb_jax.plan.planner import Plan, StagePlan, plan
+import importlib
+
+# Imported on first use (PEP 562), not here: `python -m rmsweb_jax.plan --help` imports this package first, and
+# planner imports JAX (seconds) that help does not need.
+_EXPORTS = {"CHIPS": "chips", "Chip": "chips", "Plan": "planner", "StagePlan": "planner", "plan": "planner"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

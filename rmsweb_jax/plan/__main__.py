@@ -14,10 +14,10 @@ import sys
 # Shapes only: never claim an accelerator. Set before the config file's imports bring in jax.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from rmsweb_jax.errors import UserError  # noqa: E402
+from rmsweb_jax.errors import UserError, run_absl_command  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:arg]).")
 _CHIP = flags.DEFINE_string("chip", "", "v5e | v5p | v6e | h100 | h200 (default: config.plan.chip)")
@@ -65,4 +65,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_absl_command(main, "plan")  # --help exits 0, fast: JAX is imported by main, after the flags are parsed

@@ -13,12 +13,12 @@ import statistics
 import sys
 
 from rmsweb_jax import storage
-from rmsweb_jax.errors import UserError
-from rmsweb_jax.stages.table import NAME
+from rmsweb_jax.errors import UserError, wants_help
 
 
 def read_tables(workdirs) -> list[dict]:
     """Returns each workdir's demo_table.json, in order."""
+    from rmsweb_jax.stages.table import NAME  # deferred: the table stage imports every stage (and JAX); --help does not
     tables = []
     for workdir in workdirs:
         path = storage.as_path(workdir) / f"{NAME}.json"  # a local run, or one on a bucket (gs://)
@@ -93,6 +93,9 @@ def markdown(workdirs, rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if wants_help(["table_spread", *argv]):
+        print(__doc__)
+        return 0
     args = [a for a in argv if not a.startswith("--out=")]
     out = [a.split("=", 1)[1] for a in argv if a.startswith("--out=")]
     if not args or any(a.startswith("-") for a in args):

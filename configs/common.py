@@ -150,6 +150,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.metrics = ml_collections.ConfigDict()
     c.train.metrics.every_steps = 10
     c.train.metrics.peak_tflops = 0.0     # per device; 0 = known accelerator table, or measured on CPU
+    c.train.metrics.wandb = ""            # a Weights & Biases project to log to as well ("" = none; the wandb extra)
+    c.train.profile_steps = ""            # "START,STOP": a jax.profiler trace of those steps into <stage>/tensorboard
 
     # Stage "train_smoke": the trainer on deterministic synthetic batches (tests, demo).
     c.train_smoke = ml_collections.ConfigDict()

@@ -49,13 +49,14 @@ from rmsweb_jax.models.from_config import runtime_from_config
 from rmsweb_jax.model_init import load_model
 from rmsweb_jax.models.from_config import mesh_from_config, rules_from_config
 from rmsweb_jax.models.qwen3_vl import Qwen3VLConfig, abstract_model, to_hf
-from rmsweb_jax.train import aux_metrics
+from rmsweb_jax.train import aux_metrics, run_record
 from rmsweb_jax.train import batch as batch_lib
 from rmsweb_jax.train.checkpoint import CheckpointDamaged, Checkpointer
 from rmsweb_jax.train.logprobs import logprob_fn
 from rmsweb_jax.train.loss import LossFn, make_sft_loss, resolve_loss_impl
 from rmsweb_jax.train.metrics import MetricsWriter, peak_flops_per_device, train_flops
 from rmsweb_jax.train.optimizer import learning_rate_schedule, make_optimizer
+from rmsweb_jax.train.profiling import StepProfiler
 from rmsweb_jax.train.settings import TrainSettings
 from rmsweb_jax.train.step import (ModelParts, TrainState, TrainStep, init_train_state, param_shardings,
                                    train_state_shardings)
@@ -112,6 +113,8 @@ class Trainer:
         self.step_count = int(self.resumed_from or 0)
         self.writer = MetricsWriter(self.run_dir, enabled=self.is_writer, total_steps=s.total_steps,
                                     initial_step=self.step_count)
+        self.profiler = StepProfiler(s.profile_steps, self.writer.directory / "tensorboard", say=self.writer.message)
+        self.wandb = self._record_run(name)
         self.peak_flops = peak_flops_per_device(s.peak_tflops) * (self.mesh.size if self.mesh else 1)
         self._pending: list[tuple[int, dict, dict]] = []
         self._logprobs = None
@@ -123,6 +126,19 @@ class Trainer:
                                 f"{self.checkpoints.directory}")
 
     # ---- start-up ---------------------------------------------------------------------------------------
+    def _record_run(self, name: str) -> run_record.WandbRun | None:
+        """Writes the resolved config and the run's identity to <workdir>/config.json and TensorBoard (the writing
+        process); returns the W&B run when config.train.metrics.wandb names a project."""
+        if not self.is_writer:
+            return None
+        identity = run_record.run_identity(self.mesh, stage=name)
+        run_record.write_config_json(self.workdir, self.config, identity)
+        run_record.write_tensorboard(self.writer.directory / "tensorboard", self.config, identity)
+        if not self.settings.wandb_project:
+            return None
+        return run_record.WandbRun(self.settings.wandb_project, name=f"{self.workdir.name}/{name}",
+                                   directory=self.writer.directory, config=self.config, identity=identity)
+
     def _start(self) -> None:
         """Sets model parts, shardings and state: restored from the newest intact checkpoint (damaged ones moved
         to quarantine/), else fresh from init; UserError when checkpoints exist but none is intact."""
@@ -199,9 +215,11 @@ class Trainer:
                                         vision_window=int(self.config.model.vision_window))
         counts = batch_lib.batch_counts(batch)
         placed = batch_lib.to_global(batch, batch_lib.batch_shardings(batch, self.mesh, self.rules))
+        self.profiler.before_step(self.step_count + 1)
         self.state, metrics = self.train_step(self.state, placed)
         self.step_count += 1
         step = self.step_count
+        self.profiler.after_step(step, metrics)
         flops = train_flops(self.model_config, tokens=counts["tokens"], seq_len=batch.targets.shape[-1],
                             patches=counts["patches"], images=counts["images"])  # this process's rows
         self._pending.append((step, metrics, {**counts, "flops": flops, "host": dict(host_metrics or {})}))
@@ -285,9 +303,12 @@ class Trainer:
                                                           self.settings.microbatches))
 
     def close(self) -> None:
-        """Waits for pending checkpoint writes and closes the metric sinks."""
+        """Waits for pending checkpoint writes and closes the metric sinks (and a trace still recording)."""
+        self.profiler.stop(self.step_count)
         self.checkpoints.close()
         self.writer.close()
+        if self.wandb is not None:
+            self.wandb.close()
 
     # ---- scalars ------------------------------------------------------------------------------------------
     def _drain(self, keep: int) -> None:
@@ -336,6 +357,8 @@ class Trainer:
             out[name] = value
         self.last_metrics = out
         self.writer.write(step, out)
+        if self.wandb is not None:
+            self.wandb.log(step, out)
 
     def _stop(self, step: int, values: dict) -> None:
         self._pending.clear()

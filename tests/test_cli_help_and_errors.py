@@ -69,7 +69,8 @@ def test_the_viewer_names_a_missing_store_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("module", ["rmsweb_jax.main", "rmsweb_jax.plan", "rmsweb_jax.evaluate.viewer",
                                     "rmsweb_jax.collect.store", "rmsweb_jax.collect.store_check",
-                                    "rmsweb_jax.stages.table_spread", "rmsweb_jax.suites.download"])
+                                    "rmsweb_jax.stages.table_spread", "rmsweb_jax.suites.download",
+                                    "rmsweb_jax.sampling.serve"])
 def test_help_exits_0(module):
     started = time.monotonic()
     proc = _run(module, "--help", timeout=120)

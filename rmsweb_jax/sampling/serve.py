@@ -51,7 +51,7 @@ from typing import Any, Sequence
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rmsweb_jax.errors import UserError
+from rmsweb_jax.errors import UserError, run_absl_command
 from rmsweb_jax.models.from_config import mesh_from_config
 from rmsweb_jax.sampling.chat_model import ChatModel, loading_config
 from rmsweb_jax.sampling.chat_http import MiB, ChatHTTPServer
@@ -609,4 +609,4 @@ def define_flags(flag_values=None) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    run_absl_command(main, "serve")

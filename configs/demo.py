@@ -71,8 +71,7 @@ def get_config(arg=None):
     c.collect.teacher.wrong_element_p = 0.25
     c.collect.teacher.detour_p = 0.05
     c.collect.teacher.early_stop_p = 0.10
-    c.collect.flush_every_tasks = 64
-    c.collect.progress = False
+    c.collect.flush_every_tasks = 64  # collect.progress stays on (configs/common.py): collect and eval show a bar
 
     # SFT: text-only prompts of ~300-730 agent-BPE tokens, one per row (see README's demo section for
     # why not packed rows: on the CPU the attention over a row costs its length squared).

@@ -41,7 +41,7 @@ from rmsweb_jax.collect.store import RETRY_MODES, StoreWriter
 from rmsweb_jax.collect.store_provenance import policy_provenance
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.judges.from_config import judge_from_config, judge_spec
-from rmsweb_jax.stages.manifest import MODEL_LOADING
+from rmsweb_jax.stages.manifest import COLLECT_RUNTIME, MODEL_LOADING
 from rmsweb_jax.suites.from_config import LIVE_SUITES, SUITES, live_tasks, miniwob_tasks, suite_from_config
 from rmsweb_jax.suites.success_rule import check_success_rule
 from rmsweb_jax.suites.task import Task
@@ -51,6 +51,7 @@ from rmsweb_jax.suites.task import Task
 CONFIG_READS = ("collect", "prompt", *MODEL_LOADING, "seed")
 INPUT_STAGES: dict = {}
 OUTPUTS = {"store": "collect.store_dir", "collect_report.json": None, "collect_viewer": None}
+NON_RESULT_FIELDS = COLLECT_RUNTIME  # changed alone: a rerun resumes or skips, never afresh (manifest.py)
 
 REPORT_NAME = "collect_report"
 VIEWER_DIR = "collect_viewer"  # collect.viewer: the static HTML viewer over the store

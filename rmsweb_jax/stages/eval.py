@@ -60,7 +60,7 @@ from rmsweb_jax.evaluate import host_shares, report as eval_report
 from rmsweb_jax.evaluate.viewer import write_viewer
 from rmsweb_jax.judges.from_config import judge_from_config, judge_spec
 from rmsweb_jax.stages import links
-from rmsweb_jax.stages.manifest import MODEL_LOADING
+from rmsweb_jax.stages.manifest import COLLECT_RUNTIME, MODEL_LOADING
 from rmsweb_jax.suites.from_config import live_tasks, miniwob_tasks, suite_from_config
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
@@ -70,6 +70,7 @@ from rmsweb_jax.suites.from_config import live_tasks, miniwob_tasks, suite_from_
 CONFIG_READS = ("eval", "collect", "prompt", *MODEL_LOADING, "seed")
 INPUT_STAGES = {"collect": "eval.training_store", "sft": "eval.policies", "salvage": "eval.policies"}
 OUTPUTS = {"eval/eval_report.json": None}
+NON_RESULT_FIELDS = (*COLLECT_RUNTIME, "eval.viewer")  # changed alone: a rerun resumes or skips (manifest.py)
 
 EVAL_DIR = "eval"
 REPORT_NAME = "eval_report"

@@ -34,6 +34,14 @@ manifests say.
   whose last run did not complete resumes instead (its checkpoint, its store), as it does alone. Stages
   with none resume whatever the reason: collect and eval keep their stores, which refuse episodes of
   another policy or settings themselves (a store per policy identity under eval/).
+- NON_RESULT_FIELDS (optional, default none): the fields among CONFIG_READS that cannot change what the stage
+  computes: logging and checkpoint cadence, progress bars, browser workers, viewers (TRAINER_CADENCE,
+  COLLECT_RUNTIME below). A change to them alone does not rerun a stage afresh: a stage whose last run did not
+  complete resumes, a completed one is skipped as done, each saying which of them changed. The manifest keeps
+  them apart from the other fields ("settings", dotted field -> value, beside "config"), and the digest a
+  dependant records leaves them out (manifest_digest), so a completed stage's manifest takes their new values
+  on a skip without rerunning the stages after it. A field that could change a result, however rarely, is not
+  one of them: data.worker_count changes the Grain iterator state a checkpoint holds (a resume would fail).
 """
 from __future__ import annotations
 
@@ -55,6 +63,17 @@ HASH_LIMIT = 64 << 20  # files up to 64 MiB are fingerprinted by content; larger
 # these, not model.init, so a new model.init for sft does not rerun them by itself.
 MODEL_LOADING = ("model.param_dtype", "model.compute_dtype", "model.remat_policy", "model.attention_impl",
                  "model.scan_layers", "model.decode_layout", "model.decode_sharding", "model.vision_window", "mesh", "sharding_rules")
+# Fields that cannot change results (NON_RESULT_FIELDS), shared by the stages that read them.
+# The trainer's (train/loop.py), whole blocks: train.metrics (what is logged, how often, where to; the MFU's
+# peak, a reported figure) and train.checkpoint (when state is saved, how many kept, async or not). A resume
+# from another checkpoint step is exact: the state, the data-iterator position and the RNG are checkpointed.
+TRAINER_CADENCE = ("train.metrics", "train.checkpoint")
+# The browser side of collect and eval (config.collect): the progress bar, how many browsers play at once and
+# how long a policy batch waits for them, how often the store commits a shard pair, the HTML viewer. Episodes
+# are seeded per (task, seed) and stored whole, so none of these decides what is in the store; a model policy
+# batches the same prompts differently (equal up to float rounding of padded rows).
+COLLECT_RUNTIME = ("collect.progress", "collect.workers", "collect.batch_window_s", "collect.flush_every_tasks",
+                   "collect.flush_every_s", "collect.viewer")
 ALL = "all"
 MISSING = "<not in the config>"
 
@@ -68,6 +87,11 @@ class Declaration:
     input_stages: dict[str, str | None]
     outputs: dict[str, str | None]
     fresh_start: tuple[str, ...] = ()
+    non_result: tuple[str, ...] = ()  # NON_RESULT_FIELDS: dotted fields among config_reads
+
+    def is_non_result(self, path: str) -> bool:
+        """Returns whether the dotted config leaf `path` is (under) one of the stage's NON_RESULT_FIELDS."""
+        return any(path == f or path.startswith(f + ".") for f in self.non_result)
 
     @classmethod
     def of(cls, stage: str, module) -> "Declaration":
@@ -77,7 +101,7 @@ class Declaration:
             raise ValueError(f"stage {stage!r} ({module.__name__}) declares no {', '.join(missing)} "
                              "(see rmsweb_jax/stages/manifest.py)")
         return cls(stage, tuple(module.CONFIG_READS), dict(module.INPUT_STAGES), dict(module.OUTPUTS),
-                   tuple(getattr(module, "FRESH_START", ())))
+                   tuple(getattr(module, "FRESH_START", ())), tuple(getattr(module, "NON_RESULT_FIELDS", ())))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +112,7 @@ class Decision:
     run: bool
     reason: str
     fresh: bool = False
+    settings_changed: bool = False  # a skipped stage whose NON_RESULT_FIELDS changed: record_settings records them
 
 
 def lookup(config, dotted: str):
@@ -106,9 +131,37 @@ def _canonical(value):
     return json.loads(json.dumps(value, sort_keys=True, default=str))  # tuples as lists, as they read back
 
 
-def config_fields(config, reads) -> dict:
-    """Returns {declared section or field: its value as canonical JSON} of `config`."""
-    return {path: _canonical(lookup(config, path)) for path in sorted(set(reads))}
+def config_fields(config, reads, non_result: tuple[str, ...] = ()) -> dict:
+    """Returns {declared section or field: its value as canonical JSON} of `config`, without the leaves under
+    `non_result` (dotted fields; settings_fields holds those)."""
+    fields = {path: _canonical(lookup(config, path)) for path in sorted(set(reads))}
+    for field in non_result:
+        _drop(fields, field)
+    return fields
+
+
+def _drop(fields: dict, dotted: str) -> None:
+    """Removes the dotted leaf from nested `fields` (keyed by declared section), and the dicts it leaves empty."""
+    for section in list(fields):
+        if dotted == section:
+            del fields[section]
+        elif dotted.startswith(section + "."):
+            _drop_path(fields, [section, *dotted[len(section) + 1:].split(".")])
+
+
+def _drop_path(node: dict, parts: list[str]) -> None:
+    head = parts[0]
+    if len(parts) == 1:
+        node.pop(head, None)
+    elif isinstance(node.get(head), dict):
+        _drop_path(node[head], parts[1:])
+        if not node[head]:
+            del node[head]
+
+
+def settings_fields(decl: Declaration, config) -> dict:
+    """Returns {dotted field or block: canonical value} of the stage's NON_RESULT_FIELDS in `config`."""
+    return {path: _canonical(lookup(config, path)) for path in sorted(set(decl.non_result))}
 
 
 def digest(value) -> str:
@@ -184,15 +237,23 @@ def read_manifest(workdir: pathlib.Path, stage: str) -> dict | None:
 
 
 def manifest_digest(workdir: pathlib.Path, stage: str) -> str | None:
-    """Returns the sha256 of `stage`'s manifest file (None when absent): what a dependant records."""
-    path = manifest_path(workdir, stage)
-    return storage.file_digest(path) if path.is_file() else None
+    """Returns the sha256 of `stage`'s manifest as written but without its "settings" (None when absent): what
+    a dependant records. A manifest without settings (one written before they were kept apart) digests as its
+    file's bytes, so the digests its dependants recorded still hold."""
+    manifest = read_manifest(workdir, stage)
+    if manifest is None:
+        return None
+    return hashlib.sha256(_serialized({k: v for k, v in manifest.items() if k != "settings"}).encode()).hexdigest()
+
+
+def _serialized(value: dict) -> str:
+    return json.dumps(value, indent=2, sort_keys=True)
 
 
 def write_json_atomic(path: pathlib.Path, value: dict) -> None:
     """Writes `value` as JSON to `path` whole or not at all (a synced temp file renamed into place; on a bucket
     one object upload)."""
-    storage.write_text_atomic(path, json.dumps(value, indent=2, sort_keys=True))
+    storage.write_text_atomic(path, _serialized(value))
 
 
 def _now() -> str:
@@ -200,10 +261,11 @@ def _now() -> str:
 
 
 def started(decl: Declaration, config, workdir: pathlib.Path) -> dict:
-    """Writes and returns the incomplete manifest of a stage about to run: config fields, input digests."""
-    fields = config_fields(config, decl.config_reads)
+    """Writes and returns the incomplete manifest of a stage about to run: config fields (those that can change
+    results; its NON_RESULT_FIELDS apart, as "settings"), input digests."""
+    fields = config_fields(config, decl.config_reads, decl.non_result)
     manifest = {"stage": decl.stage, "complete": False, "started_at": _now(), "config": fields,
-                "config_digest": digest(fields),
+                "settings": settings_fields(decl, config), "config_digest": digest(fields),
                 "inputs": {s: manifest_digest(workdir, s) for s in input_stages(decl, config)}}
     write_json_atomic(manifest_path(workdir, decl.stage), manifest)
     return manifest
@@ -221,6 +283,14 @@ def completed(decl: Declaration, manifest: dict, config, workdir: pathlib.Path, 
     return done
 
 
+def record_settings(decl: Declaration, config, workdir: pathlib.Path) -> dict:
+    """Writes and returns the stage's manifest with its NON_RESULT_FIELDS' values of `config` ("settings"), the
+    rest as it was: a skipped stage's record of what it was last run with. Its digest stays (manifest_digest)."""
+    manifest = {**read_manifest(workdir, decl.stage), "settings": settings_fields(decl, config)}
+    write_json_atomic(manifest_path(workdir, decl.stage), manifest)
+    return manifest
+
+
 def flatten(value, prefix: str = "") -> dict:
     """Returns {dotted path: leaf} of nested dicts (an empty dict is a leaf)."""
     if isinstance(value, dict) and value:
@@ -236,6 +306,17 @@ def changed_fields(old: dict, new: dict) -> list[str]:
     a, b = flatten(old), flatten(new)
     return [f"{k} ({_short(a.get(k, MISSING))} -> {_short(b.get(k, MISSING))})"
             for k in sorted(set(a) | set(b)) if a.get(k, MISSING) != b.get(k, MISSING)]
+
+
+def _leaves(config_record: dict, settings: dict) -> dict:
+    """Returns {dotted config leaf: value} of a manifest's "config" and its "settings" (these win: a skip rewrote
+    them, and an older manifest's "config" still holds the NON_RESULT_FIELDS)."""
+    return {**(flatten(config_record) if config_record else {}), **(flatten(settings) if settings else {})}
+
+
+def _listed(changed: list[str]) -> str:
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return f"{', '.join(changed[:3])}{more}"
 
 
 def _short(value) -> str:
@@ -257,20 +338,25 @@ def _output_problem(stage_manifest: dict) -> str | None:
 
 def decide(decl: Declaration, config, workdir: pathlib.Path, *, forced: bool) -> Decision:
     """Returns whether the stage runs: it is skipped only when its manifest is complete, its config
-    fields equal, its input stages' manifests the ones it read, complete and with their outputs, and
-    its own outputs present and unchanged; else the first reason it is not up to date."""
+    fields equal (NON_RESULT_FIELDS aside: a change to those alone is named, and recorded on a skip), its input
+    stages' manifests the ones it read, complete and with their outputs, and its own outputs present and
+    unchanged; else the first reason it is not up to date."""
     if forced:
         return Decision(True, "forced by config.rerun", fresh=True)
     old = read_manifest(workdir, decl.stage)
     if old is None:
         return Decision(True, f"no manifest ({manifest_path(workdir, decl.stage)}): first run in this workdir")
-    fields = config_fields(config, decl.config_reads)
-    if old.get("config_digest") != digest(fields):  # also after an interrupted run: its state is the old config's
-        changed = changed_fields(old.get("config", {}), fields)
-        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        return Decision(True, f"config changed: {', '.join(changed[:3]) or 'the fields it reads'}{more}", fresh=True)
+    then = _leaves(old.get("config", {}), old.get("settings", {}))
+    now = _leaves(config_fields(config, decl.config_reads, decl.non_result), settings_fields(decl, config))
+    keys = [k for k in sorted(set(then) | set(now)) if then.get(k, MISSING) != now.get(k, MISSING)]
+    results = changed_fields({k: then.get(k, MISSING) for k in keys if not decl.is_non_result(k)},
+                             {k: now.get(k, MISSING) for k in keys if not decl.is_non_result(k)})
+    if results:  # also after an interrupted run: its state is the old config's
+        return Decision(True, f"config changed: {_listed(results)}", fresh=True)
+    settings = changed_fields({k: then.get(k, MISSING) for k in keys}, {k: now.get(k, MISSING) for k in keys})
+    only = (f"; only fields that cannot change results changed: {_listed(settings)}" if settings else "")
     if not old.get("complete"):
-        return Decision(True, f"its last run (started {old.get('started_at')}) did not complete: resuming")
+        return Decision(True, f"its last run (started {old.get('started_at')}) did not complete: resuming{only}")
     wanted, recorded = input_stages(decl, config), old.get("inputs", {})
     if sorted(recorded) != wanted:
         return Decision(True, f"its input stages changed (then {sorted(recorded) or 'none'}, now {wanted or 'none'})",
@@ -292,6 +378,10 @@ def decide(decl: Declaration, config, workdir: pathlib.Path, *, forced: bool) ->
     if problem:
         return Decision(True, f"its {problem}", fresh=True)
     inputs = f"inputs {', '.join(wanted)} unchanged" if wanted else "no input stages"
+    if settings:
+        return Decision(False, f"done (completed {old.get('finished_at')}): only fields that cannot change results "
+                               f"changed, now recorded: {_listed(settings)}; {inputs}, "
+                               f"{len(old.get('outputs', {}))} outputs present", settings_changed=True)
     return Decision(False, f"up to date (completed {old.get('finished_at')}; config unchanged, {inputs}, "
                            f"{len(old.get('outputs', {}))} outputs present)")
 

@@ -41,7 +41,7 @@ from rmsweb_jax.mining.state_set import CriticalState, state_id, write_state_set
 from rmsweb_jax.sampling.chat_model import ChatModel
 from rmsweb_jax.sampling.sampler import SamplingParams
 from rmsweb_jax.stages import links
-from rmsweb_jax.stages.manifest import MODEL_LOADING
+from rmsweb_jax.stages.manifest import COLLECT_RUNTIME, MODEL_LOADING
 from rmsweb_jax.stages.sft_split import saved_split
 from rmsweb_jax.suites.from_config import suite_from_config
 
@@ -51,6 +51,7 @@ CONFIG_READS = ("mine", "data", "prompt", "collect", *MODEL_LOADING, "seed")
 INPUT_STAGES = {"sft": None}
 OUTPUTS = {"mine/states.arrayrecord": None, "mine/summary.json": None, "mine/report.json": None}
 FRESH_START = ("mine",)  # a rerun for a change starts afresh (manifest.py)
+NON_RESULT_FIELDS = COLLECT_RUNTIME  # ... but not for a change of these alone
 
 NAME = "mine"
 STATES_FILE = "states.arrayrecord"

@@ -66,6 +66,8 @@ def run_pipeline(config, workdir: str | pathlib.Path, *, prefix: str = "") -> li
         record.append({"stage": name, "ran": decision.run, "reason": decision.reason, "seconds": 0.0})
         if writer:
             storage.write_text_atomic(workdir / STAGES_FILE, json.dumps(record, indent=2))
+            if decision.settings_changed:  # skipped as done: the next run compares with these values
+                manifest.record_settings(decl, config, workdir)
         if decision.run:
             logging.info("stage %s%s: starting (workdir %s)", prefix, name, workdir)
             start = time.time()

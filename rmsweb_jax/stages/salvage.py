@@ -43,7 +43,7 @@ from rmsweb_jax.salvage.state_prompts import StatePrompts
 from rmsweb_jax.sampling.chat_model import ChatModel, default_stop_token_ids
 from rmsweb_jax.sampling.sampler import SamplingParams
 from rmsweb_jax.stages import links
-from rmsweb_jax.stages.manifest import MODEL_LOADING
+from rmsweb_jax.stages.manifest import MODEL_LOADING, TRAINER_CADENCE
 from rmsweb_jax.train.loop import Trainer
 from rmsweb_jax.train.loss import resolve_loss_impl
 from rmsweb_jax.train.rl_loss import RLLossSettings, make_salvage_loss
@@ -56,6 +56,7 @@ CONFIG_READS = ("salvage", "train", "data.buckets", "data.bucket_patches", "prom
 INPUT_STAGES = {"sft": "salvage.init", "mine": "salvage.states"}
 OUTPUTS = {"salvage/summary.json": None, "salvage/hf": None}
 FRESH_START = ("salvage",)  # a rerun for a change starts afresh (manifest.py)
+NON_RESULT_FIELDS = TRAINER_CADENCE  # ... but not for a change of these alone
 
 NAME = "salvage"
 

@@ -20,10 +20,11 @@ import jax
 from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import prompt_config_from
 from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches
+from rmsweb_jax.stages.manifest import TRAINER_CADENCE
 from rmsweb_jax.stages.sft_split import (SFT_DIR, SPLIT_FILE, data_settings, load_split, same_split_settings,
                                          saved_split, split_path, split_record)
 from rmsweb_jax.train.loop import Trainer
-from rmsweb_jax.train.metrics import read_metrics
+from rmsweb_jax.train.metrics import loss_summary
 from rmsweb_jax.train.tokenizer import check_tokenizer
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
@@ -32,6 +33,7 @@ CONFIG_READS = ("data", "train", "model", "mesh", "sharding_rules", "prompt", "s
 INPUT_STAGES = {"collect": "data.store_dir"}
 OUTPUTS = {"sft/summary.json": None, "sft/split.json": None, "sft/hf": None}
 FRESH_START = ("sft",)  # a rerun for a change starts afresh (manifest.py)
+NON_RESULT_FIELDS = TRAINER_CADENCE  # ... but not for a change of these alone
 
 NAME = SFT_DIR
 
@@ -62,22 +64,15 @@ def run(config, workdir: pathlib.Path) -> dict:
     with SFTBatches(view, split.train, data, encoder, rows=trainer.local_rows, pad_id=pad_id,
                     process_index=jax.process_index(), process_count=jax.process_count()) as batches:
         result = trainer.fit(batches)
-    losses = _losses(result.run_dir / "metrics.jsonl")
+    losses = loss_summary(result.run_dir / "metrics.jsonl")  # the first and last logged windows' means
     summary = {"steps": result.step, "resumed_from": result.resumed_from, "train_examples": len(split.train),
-               "held_out_examples": len(split.held_out), "first_loss": losses[0] if losses else None,
-               "last_loss": losses[-1] if losses else None, "last_metrics": result.last_metrics,
+               "held_out_examples": len(split.held_out), "first_loss": losses["first_loss"],
+               "first_loss_steps": losses["first_steps"], "last_loss": losses["last_loss"],
+               "last_loss_steps": losses["last_steps"], "loss_windows": losses["windows"],
+               "last_metrics": result.last_metrics,
                "hf_dir": None if result.hf_dir is None else str(result.hf_dir), "init_dir": str(trainer.init_dir)}
     if writer:
         storage.write_text_atomic(result.run_dir / "summary.json", json.dumps(summary, indent=2))
-    first = "?" if summary["first_loss"] is None else f"{summary['first_loss']:.3f}"
-    last = "?" if summary["last_loss"] is None else f"{summary['last_loss']:.3f}"
-    print(f"[sft] {result.step} steps; loss {first} -> {last}; checkpoints in {result.run_dir / 'checkpoints'}"
+    print(f"[sft] {result.step} steps; {losses['text']}; checkpoints in {result.run_dir / 'checkpoints'}"
           + (f"; HF export {result.hf_dir}" if result.hf_dir else ""))
     return summary
-
-
-def _losses(path: pathlib.Path) -> list[float]:
-    """Returns the reported (windowed mean) loss of every metrics step, in step order ([] when absent)."""
-    if not path.is_file():
-        return []
-    return [m["loss"] for _, m in sorted(read_metrics(path).items()) if "loss" in m]

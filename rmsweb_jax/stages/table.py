@@ -48,6 +48,8 @@ CONFIG_READS = tuple(sorted({"ablations", *collect.CONFIG_READS, *sft.CONFIG_REA
                              *salvage.CONFIG_READS, *eval_stage.CONFIG_READS}))
 INPUT_STAGES = {"collect": None, "sft": None, "mine": None, "salvage": None, "eval": None}
 OUTPUTS = {"demo_table.json": None, "demo_table.md": None}
+NON_RESULT_FIELDS = tuple(sorted({*collect.NON_RESULT_FIELDS, *sft.NON_RESULT_FIELDS, *mine.NON_RESULT_FIELDS,
+                                 *salvage.NON_RESULT_FIELDS, *eval_stage.NON_RESULT_FIELDS}))
 
 NAME = "demo_table"
 VARIANTS_DIR = "variants"

@@ -12,6 +12,7 @@ import pathlib
 
 import jax
 
+from rmsweb_jax.stages.manifest import TRAINER_CADENCE
 from rmsweb_jax.train.loop import Trainer
 from rmsweb_jax.train.synthetic_batches import SyntheticBatches, random_examples
 
@@ -20,6 +21,7 @@ CONFIG_READS = ("train", "train_smoke", "model", "mesh", "sharding_rules", "seed
 INPUT_STAGES: dict = {}
 OUTPUTS = {"train_smoke/summary.json": None, "train_smoke/hf": None}
 FRESH_START = ("train_smoke",)  # a rerun for a change starts afresh (manifest.py)
+NON_RESULT_FIELDS = TRAINER_CADENCE  # ... but not for a change of these alone
 
 
 def run(config, workdir: pathlib.Path) -> dict:

@@ -20,6 +20,10 @@ from rmsweb_jax import storage
 from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig
 
 SYNC_S = 30.0  # on a bucket, metric files are uploaded at most this often between checkpoints (see MetricsWriter)
+# The trainer reports at every config.train.metrics.every_steps (and the last step) the mean loss of the steps
+# since its previous report (train/loop.py _report): the writer records how many, under this name, beside it,
+# and the console line and loss_summary name that window.
+WINDOW = "window_steps"
 
 # Dense bf16 peak TFLOP/s per device by jax `device_kind` prefix (vendor figures, no sparsity).
 PEAK_TFLOPS = (
@@ -94,6 +98,7 @@ class MetricsWriter:
         self._tb = None
         self._jsonl = None
         self._bar = None
+        self._written = initial_step  # the step of the previous write: each write's window starts after it
         if enabled:
             self.directory.mkdir(parents=True, exist_ok=True)
             if self.remote:  # a resumed run appends to what the bucket holds, not to a stale mirror
@@ -107,25 +112,28 @@ class MetricsWriter:
                                  desc=self.directory.name)
 
     def progress(self, step: int, loss: float | None = None) -> None:
-        """Advances the progress bar to `step`."""
+        """Advances the progress bar to `step`, showing `loss`: that one step's (the logged loss is a window's mean)."""
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
             if loss is not None:
-                self._bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+                self._bar.set_postfix_str(f"loss (step {step} alone) {loss:.4f}", refresh=False)
 
     def write(self, step: int, scalars: dict[str, Any]) -> None:
-        """Writes `scalars` (name -> number) for `step` to every sink."""
+        """Writes `scalars` (name -> number) for `step` to every sink; metrics.jsonl also gets window_steps: the
+        steps since the previous write (or since the run's initial step), which the trainer's loss is the mean of."""
         if not self.enabled:
             return
         clean = {k: float(v) for k, v in scalars.items() if v is not None}
         for name, value in clean.items():
             self._tb.add_scalar(f"train/{name}", value, step)
         self._tb.flush()
+        clean[WINDOW], self._written = step - self._written, step  # metrics.jsonl's, not a curve of its own
         self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
         self._jsonl.flush()
         if self.remote and time.monotonic() - self._synced >= SYNC_S:
             self.sync()
-        line = f"[train] step {step}: " + "  ".join(f"{k} {_fmt(v)}" for k, v in clean.items())
+        line = f"[train] step {step}: " + "  ".join(f"{_label(k, step, clean)} {_fmt(v)}" for k, v in clean.items()
+                                                    if k != WINDOW)
         if self._bar is not None:
             self._bar.write(line)
         else:
@@ -158,6 +166,44 @@ class MetricsWriter:
         if self._jsonl is not None:
             self._jsonl.close()
         self._bar = self._tb = self._jsonl = None
+
+
+def _label(name: str, step: int, scalars: dict[str, float]) -> str:
+    """Returns how the console names scalar `name`: the loss with its window ("loss (mean of steps 41-50)")."""
+    if name != "loss" or WINDOW not in scalars:
+        return name
+    first = step - int(scalars[WINDOW]) + 1
+    return f"loss (mean of steps {first}-{step})" if first < step else f"loss (step {step})"
+
+
+def loss_summary(path: str | pathlib.Path) -> dict:
+    """Returns the first and the last logged loss of a metrics.jsonl with the steps each is the mean of, and how
+    many windows were logged: {"windows", "first_loss", "first_steps", "last_loss", "last_steps", "text"}, text
+    such as "loss 5.255 (mean of steps 1-50, the first of 12 logged windows) -> 3.102 (mean of steps 551-600,
+    the last)" or, from one window, "loss 5.255 (mean of steps 1-2, the only logged window: no trend)". A record
+    without window_steps (written before the trainer wrote it) is taken to start after the one before it."""
+    path = storage.as_path(path)
+    logged = sorted((s, m) for s, m in read_metrics(path).items() if "loss" in m) if path.is_file() else []
+    if not logged:
+        return {"windows": 0, "first_loss": None, "first_steps": None, "last_loss": None, "last_steps": None,
+                "text": "no loss logged"}
+    spans, previous = [], 0
+    for step, m in logged:
+        spans.append([step - int(m[WINDOW]) + 1 if WINDOW in m else previous + 1, step])
+        previous = step
+    out = {"windows": len(logged), "first_loss": logged[0][1]["loss"], "first_steps": spans[0],
+           "last_loss": logged[-1][1]["loss"], "last_steps": spans[-1]}
+    first = f"loss {out['first_loss']:.3f} ({_span(spans[0])}"
+    if len(logged) == 1:
+        out["text"] = first + ", the only logged window: no trend)"
+    else:
+        out["text"] = (first + f", the first of {len(logged)} logged windows) -> {out['last_loss']:.3f} "
+                       f"({_span(spans[-1])}, the last)")
+    return out
+
+
+def _span(steps: list[int]) -> str:
+    return f"mean of steps {steps[0]}-{steps[1]}" if steps[0] < steps[1] else f"step {steps[1]}"
 
 
 def _fmt(value: float) -> str:

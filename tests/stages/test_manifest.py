@@ -11,9 +11,12 @@ import shutil
 import pytest
 
 from configs.common import base_config
+from configs.demo import get_config as demo_config
+from rmsweb_jax.durable import file_sha256
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.main import STAGES, run_stages, stage_module
 from rmsweb_jax.stages import manifest
+from rmsweb_jax.train.metrics import loss_summary
 from tests.stages.micro_pipeline import micro_pipeline_config
 
 
@@ -243,11 +246,18 @@ def test_a_teacher_collection_is_skipped_when_done_and_resumes_when_a_field_grow
     capsys.readouterr()
     run_stages(config, tmp_path)
     assert "[collect] skipped: up to date" in capsys.readouterr().out and _ran(tmp_path) == {"collect": False}
+    config.collect.workers, config.collect.progress = 2, demo_config().collect.progress  # the demo's: a bar
+    run_stages(config, tmp_path)
+    assert re.search(r"^\[collect\] skipped: done \(completed .*\): only fields that cannot change results changed, "
+                     r"now recorded: collect.progress \(false -> true\), collect.workers \(1 -> 2\); no input stages, "
+                     r"2 outputs present$", capsys.readouterr().out, re.M)
+    assert manifest.read_manifest(tmp_path, "collect")["settings"]["collect.workers"] == 2
     config.collect.num_seeds = 2
     run_stages(config, tmp_path)
-    out = capsys.readouterr().out
-    assert "[collect] running: config changed: collect.num_seeds (1 -> 2)" in out
+    out, err = capsys.readouterr()
+    assert "[collect] running: config changed: collect.num_seeds (1 -> 2)\n" in out  # the result field alone
     assert "1 task groups collected, 1 already in the store" in out  # it resumed
+    assert re.search(r"collect: 100%.* 1/1 ", err), err  # the progress bar the demo config shows
 
 
 @pytest.mark.slow
@@ -291,6 +301,23 @@ def test_the_micro_pipeline_reruns_exactly_the_stages_after_a_change(tmp_path, c
     run_stages(config, tmp_path)
     assert _ran(tmp_path) == dict.fromkeys(stages, False)
 
+    # Logging cadence, checkpoint cadence, progress, workers, the viewer: no stage reruns; each names those it reads.
+    config.train.metrics.every_steps, config.train.checkpoint.keep = 2, 1
+    config.collect.progress, config.collect.workers, config.eval.viewer = True, 1, True
+    digests = {s: manifest.manifest_digest(tmp_path, s) for s in stages}
+    run_stages(config, tmp_path)
+    assert _ran(tmp_path) == dict.fromkeys(stages, False)
+    reasons = _reasons(tmp_path)
+    browser = "collect.progress (false -> true), collect.workers (2 -> 1)"
+    trainer = "train.checkpoint.keep (3 -> 1), train.metrics.every_steps (1 -> 2)"
+    for stage, changed in {"collect": browser, "mine": browser, "sft": trainer, "salvage": trainer,
+                           "eval": browser + ", eval.viewer (false -> true)"}.items():
+        assert reasons[stage].startswith("done (completed "), (stage, reasons[stage])
+        assert f"changed, now recorded: {changed};" in reasons[stage], (stage, reasons[stage])
+    assert {s: manifest.manifest_digest(tmp_path, s) for s in stages} == digests
+    run_stages(config, tmp_path)
+    assert all(r.startswith("up to date") for r in _reasons(tmp_path).values()), _reasons(tmp_path)
+
 
 def test_a_stage_rerun_for_a_change_has_its_training_folders_set_aside_not_deleted(tmp_path):
     decl = manifest.Declaration("sft", ("sft",), {}, {"sft/summary.json": None}, fresh_start=("sft", "absent"))
@@ -301,3 +328,119 @@ def test_a_stage_rerun_for_a_change_has_its_training_folders_set_aside_not_delet
     assert (moved / "sft" / "checkpoints" / "step_2").read_text() == "weights"
     assert not (tmp_path / "sft").exists() and not (moved / "absent").exists()
     assert manifest.set_aside(decl, tmp_path) is None  # nothing left to move
+
+
+def test_each_stage_tells_the_fields_that_cannot_change_results_from_the_others():
+    config = base_config()
+    declared = {name: manifest.Declaration.of(name, stage_module(name)) for name in STAGES}
+    for name, decl in declared.items():
+        for path in decl.non_result:  # a field or block of the defaults, under a section or field the stage reads
+            assert manifest.lookup(config, path) != manifest.MISSING, (name, path)
+            assert any(path == r or path.startswith(r + ".") for r in decl.config_reads), (name, path)
+    trainer, browser = set(manifest.TRAINER_CADENCE), set(manifest.COLLECT_RUNTIME)
+    assert {n: set(d.non_result) for n, d in declared.items()} == {
+        "model": set(), "action_accuracy": set(), "train_smoke": trainer, "sft": trainer, "salvage": trainer,
+        "collect": browser, "mine": browser, "eval": browser | {"eval.viewer"},
+        "table": trainer | browser | {"eval.viewer"}}
+    for field in ("train.metrics.every_steps", "train.checkpoint.every_steps", "train.checkpoint.keep"):
+        assert declared["sft"].is_non_result(field) and declared["salvage"].is_non_result(field), field
+    for field in ("collect.progress", "collect.workers", "collect.viewer", "eval.viewer"):
+        assert declared["eval"].is_non_result(field), field
+    # results: the optimizer, the data order, and data.worker_count (the checkpointed Grain iterator state)
+    assert not any(declared["sft"].is_non_result(f) for f in ("train.optimizer.lr", "data.seed", "data.worker_count"))
+
+
+def test_a_change_that_cannot_change_results_resumes_or_skips_and_the_next_run_compares_with_it(tmp_path):
+    first = manifest.Declaration("first", ("first",), {}, {"a.txt": None}, non_result=("first.every",))
+    second = manifest.Declaration("second", ("second",), {"first": None}, {"b.txt": None})
+    import ml_collections
+    config = ml_collections.ConfigDict({"first": {"n": 1, "every": 10}, "second": {"m": 2}})
+
+    def run(decl):
+        begun = manifest.started(decl, config, tmp_path)
+        (tmp_path / next(iter(decl.outputs))).write_text(decl.stage)
+        return manifest.completed(decl, begun, config, tmp_path, 0.1)
+    decide = lambda decl: manifest.decide(decl, config, tmp_path, forced=False)  # noqa: E731
+    done = run(first)
+    assert done["config"] == {"first": {"n": 1}} and done["settings"] == {"first.every": 10}
+    run(second)
+    digest = manifest.manifest_digest(tmp_path, "first")
+
+    config.first.every = 20  # completed: skipped as done, the new value recorded, the dependant unaffected
+    decision = decide(first)
+    assert not decision.run and decision.settings_changed and not decision.fresh
+    assert re.fullmatch(r"done \(completed .*\): only fields that cannot change results changed, now recorded: "
+                        r"first.every \(10 -> 20\); no input stages, 1 outputs present", decision.reason)
+    assert manifest.record_settings(first, config, tmp_path)["settings"] == {"first.every": 20}
+    assert manifest.manifest_digest(tmp_path, "first") == digest
+    assert decide(first).reason.startswith("up to date") and decide(second).reason.startswith("up to date")
+
+    manifest.started(first, config, tmp_path)  # interrupted, then a cadence change: it resumes, not afresh
+    config.first.every = 5
+    decision = decide(first)
+    assert decision.run and not decision.fresh
+    assert re.fullmatch(r"its last run \(started .*\) did not complete: resuming; only fields that cannot change "
+                        r"results changed: first.every \(20 -> 5\)", decision.reason)
+    config.first.n = 2  # with a field that can change results: afresh, naming that field only
+    assert decide(first).reason == "config changed: first.n (1 -> 2)" and decide(first).fresh
+
+    # A manifest written before the settings were kept apart: its "config" holds them; its digest still holds.
+    config.first.n, config.first.every = 1, 10
+    run(first)
+    legacy = {k: v for k, v in manifest.read_manifest(tmp_path, "first").items() if k != "settings"}
+    legacy["config"] = {"first": {"n": 1, "every": 10}}
+    manifest.write_json_atomic(manifest.manifest_path(tmp_path, "first"), legacy)
+    run(second)
+    assert manifest.read_manifest(tmp_path, "second")["inputs"]["first"] == file_sha256(
+        manifest.manifest_path(tmp_path, "first"))
+    assert decide(first).reason.startswith("up to date")
+    config.first.every = 30
+    assert decide(first).settings_changed and "first.every (10 -> 30)" in decide(first).reason
+    manifest.record_settings(first, config, tmp_path)
+    assert decide(first).reason.startswith("up to date") and decide(second).reason.startswith("up to date")
+
+
+def _train_smoke_config():
+    c = _model_config()
+    c.stages = ("train_smoke",)
+    c.model.init = "random:tiny"
+    c.train.batch_size, c.train.optimizer.total_steps, c.train.optimizer.warmup_steps = 4, 2, 1
+    c.train.checkpoint.every_steps, c.train.checkpoint.async_save = 2, False
+    return c
+
+
+@pytest.mark.slow  # ~40 s: a tiny model trained 2 steps, then a resume
+def test_a_trainer_stage_skips_or_resumes_after_a_cadence_change_and_says_what_its_loss_is(tmp_path, capsys):
+    config = _train_smoke_config()
+    run_stages(config, tmp_path)
+    out = "".join(capsys.readouterr())
+    # metrics.every_steps 10 > 2 steps: one logged loss, the mean of both steps; the bar's is one step's
+    assert "[train] step 2: loss (mean of steps 1-2) " in out and "loss (step 2 alone) " in out
+    summary = loss_summary(tmp_path / "train_smoke" / "metrics.jsonl")
+    assert summary["windows"] == 1 and summary["first_steps"] == summary["last_steps"] == [1, 2]
+    assert re.fullmatch(r"loss \d+\.\d{3} \(mean of steps 1-2, the only logged window: no trend\)", summary["text"])
+    digest = manifest.manifest_digest(tmp_path, "train_smoke")
+
+    config.train.metrics.every_steps, config.train.checkpoint.keep = 1, 2
+    run_stages(config, tmp_path)
+    out = capsys.readouterr().out
+    assert re.search(r"^\[train_smoke\] skipped: done \(completed .*\): only fields that cannot change results "
+                     r"changed, now recorded: train.checkpoint.keep \(3 -> 2\), train.metrics.every_steps \(10 -> 1\); "
+                     r"no input stages, 2 outputs present$", out, re.M), out
+    recorded = manifest.read_manifest(tmp_path, "train_smoke")
+    assert recorded["settings"]["train.metrics"]["every_steps"] == 1 and "metrics" not in recorded["config"]["train"]
+    assert "checkpoint" not in recorded["config"]["train"] and "optimizer" in recorded["config"]["train"]
+    assert manifest.manifest_digest(tmp_path, "train_smoke") == digest
+    run_stages(config, tmp_path)
+    assert "[train_smoke] skipped: up to date" in capsys.readouterr().out
+
+    decl = manifest.Declaration.of("train_smoke", stage_module("train_smoke"))
+    manifest.started(decl, config, tmp_path)  # as if the run had been stopped before it completed
+    config.train.checkpoint.every_steps = 1
+    run_stages(config, tmp_path)
+    out = capsys.readouterr().out
+    assert re.search(r"^\[train_smoke\] running: its last run \(started .*\) did not complete: resuming; only fields "
+                     r"that cannot change results changed: train.checkpoint.every_steps \(2 -> 1\)$", out, re.M), out
+    assert "starting afresh" not in out and not (tmp_path / manifest.STALE_DIR).exists()
+    assert json.loads((tmp_path / "train_smoke" / "summary.json").read_text())["resumed_from"] == 2
+    assert manifest.read_manifest(tmp_path, "train_smoke")["complete"]

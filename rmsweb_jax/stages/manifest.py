@@ -65,9 +65,10 @@ MODEL_LOADING = ("model.param_dtype", "model.compute_dtype", "model.remat_policy
                  "model.scan_layers", "model.decode_layout", "model.decode_sharding", "model.vision_window", "mesh", "sharding_rules")
 # Fields that cannot change results (NON_RESULT_FIELDS), shared by the stages that read them.
 # The trainer's (train/loop.py), whole blocks: train.metrics (what is logged, how often, where to; the MFU's
-# peak, a reported figure) and train.checkpoint (when state is saved, how many kept, async or not). A resume
-# from another checkpoint step is exact: the state, the data-iterator position and the RNG are checkpointed.
-TRAINER_CADENCE = ("train.metrics", "train.checkpoint")
+# peak, a reported figure), train.checkpoint (when state is saved, how many kept, async or not), and the
+# steps a jax.profiler trace records (train.profile_steps: it observes, and waits for its steps' results). A
+# resume from another checkpoint step is exact: the state, the data-iterator position and the RNG are saved.
+TRAINER_CADENCE = ("train.metrics", "train.checkpoint", "train.profile_steps")
 # The browser side of collect and eval (config.collect): the progress bar, how many browsers play at once and
 # how long a policy batch waits for them, how often the store commits a shard pair, the HTML viewer. Episodes
 # are seeded per (task, seed) and stored whole, so none of these decides what is in the store; a model policy

@@ -342,7 +342,8 @@ def test_each_stage_tells_the_fields_that_cannot_change_results_from_the_others(
         "model": set(), "action_accuracy": set(), "train_smoke": trainer, "sft": trainer, "salvage": trainer,
         "collect": browser, "mine": browser, "eval": browser | {"eval.viewer"},
         "table": trainer | browser | {"eval.viewer"}}
-    for field in ("train.metrics.every_steps", "train.checkpoint.every_steps", "train.checkpoint.keep"):
+    for field in ("train.metrics.every_steps", "train.metrics.wandb", "train.checkpoint.every_steps",
+                  "train.checkpoint.keep", "train.profile_steps"):
         assert declared["sft"].is_non_result(field) and declared["salvage"].is_non_result(field), field
     for field in ("collect.progress", "collect.workers", "collect.viewer", "eval.viewer"):
         assert declared["eval"].is_non_result(field), field

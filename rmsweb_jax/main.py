@@ -9,7 +9,9 @@ do the stages after it (rmsweb_jax/stages/manifest.py; `--config.rerun=mine,salv
 
 A user's mistake (an unknown stage or override key, a bad value, a missing checkpoint or store:
 rmsweb_jax.errors.UserError) prints one line naming the value and what would work, and exits with
-status 2; --verbosity=1 or RMSWEB_TRACEBACK=1 shows the traceback instead.
+status 2; --verbosity=1 or RMSWEB_TRACEBACK=1 shows the traceback instead. Every stage of config.stages
+builds its settings before the first one runs (stages/pipeline.py check_stages), so a bad value of a late
+stage (`--config.salvage.loss.clip_low=1.5`) fails at once, naming that stage, with nothing written.
 
 One run per workdir: a run takes <workdir>/run.lock before it writes anything and holds it to the end
 (rmsweb_jax/workdir_lock.py); a second run on the same workdir is refused in one line naming the holder,
@@ -40,7 +42,7 @@ from rmsweb_jax.errors import USAGE_ERROR, UserError, wants_help
 from rmsweb_jax.workdir_lock import WorkdirLock, describe
 # STAGES: stage name -> its module of rmsweb_jax.stages (the registry lives beside the runner, which the
 # `table` stage also runs on its variants' sub-workdirs).
-from rmsweb_jax.stages.pipeline import STAGES, run_pipeline, stage_module, stage_names  # noqa: F401
+from rmsweb_jax.stages.pipeline import STAGES, check_stages, run_pipeline, stage_module, stage_names  # noqa: F401
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:arg]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for this run's outputs (created if missing).")
@@ -84,6 +86,7 @@ def main(argv) -> None:
         if not _WORKDIR.value.strip():  # "" would be the current folder: a run's files among the user's own
             raise UserError("--workdir is empty: give the folder (or gs://BUCKET/FOLDER) for this run's outputs")
         maybe_initialize_distributed()  # multi-host only when RMSWEB_DISTRIBUTED=1 (see BUILD.md)
+        check_stages(_CONFIG.value, _WORKDIR.value)  # every stage's settings, before the lock and the first stage
         with workdir_locked(_CONFIG.value, _WORKDIR.value) as lock, stop.handling(lock):
             run_stages(_CONFIG.value, _WORKDIR.value)
     except UserError as err:

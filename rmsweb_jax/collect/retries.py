@@ -124,6 +124,8 @@ class CollectSettings:
     pool_max_attempts: int  # runs of an episode the browser pool makes when browsers crash
     fault_reruns: int  # then whole reruns of the attempt (same number, never a retry)
     progress: bool
+    progress_label: str  # the progress bar's name: not a config field (from_config: "collect"; eval and
+                         # mine's rollouts, which play through this loop too, replace it with their stage's)
 
     def __post_init__(self):
         if self.retry_mode not in RETRY_MODES:
@@ -138,8 +140,10 @@ class CollectSettings:
 
     @classmethod
     def from_config(cls, collect) -> "CollectSettings":
-        """Returns the settings of a config.collect-shaped block (each field read under its own name)."""
-        return cls(**block_fields(cls, collect, "config.collect"))
+        """Returns the collect stage's settings of a config.collect-shaped block (each field read under its own
+        name; the progress bar named "collect")."""
+        return cls(**{**block_fields(cls, collect, "config.collect", optional=("progress_label",)),
+                      "progress_label": "collect"})
 
     def worker_config(self) -> WorkerConfig:
         """Returns the browser workers' settings."""
@@ -209,7 +213,8 @@ class RetryCollector:
         for group in groups:
             queue.put_nowait((_NEW, group.order, next(counter), group))
         self._open = len(groups)
-        self._bar = tqdm(total=len(groups), desc="collect", unit="task", disable=not self.progress, dynamic_ncols=True)
+        self._bar = tqdm(total=len(groups), desc=self.settings.progress_label, unit="task", disable=not self.progress,
+                         dynamic_ncols=True)
         self._started = time.monotonic()
         pool = self.pool = AsyncWorkerPool(self.suite, self.workers, self.worker_config,
                                            max_attempts=self.pool_max_attempts)

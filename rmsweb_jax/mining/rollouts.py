@@ -122,7 +122,8 @@ def run_rollouts(config, workdir: str | os.PathLike, policy: Policy, tasks_and_s
     with StoreWriter(target, flush_every_tasks=cfg.flush_every_tasks, flush_every_s=cfg.flush_every_s,
                      policy=policy.name, provenance=policy_provenance(policy)) as store:
         check_store_success_rule(store.trajectories(), cfg.success, target)
-        settings = dataclasses.replace(CollectSettings.from_config(cfg), attempts=1, retry_mode=REFLECTION)
+        settings = dataclasses.replace(CollectSettings.from_config(cfg), attempts=1, retry_mode=REFLECTION,
+                                       progress_label="mine")
         collector = RetryCollector(suite, policy, judge, store, settings)
         summary = collector.run_pairs(pairs)
     host_shares.merge_when_played(store_dir, "rollouts")

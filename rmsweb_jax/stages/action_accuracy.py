@@ -68,14 +68,20 @@ def reference_agreement(examples: list[SFTExample]) -> float:
 MODES = ("steps",)
 
 
-def run(config, workdir: pathlib.Path) -> dict:
-    """Evaluates the checkpoint on the held-out steps (workdir/sft_eval.json); returns the report."""
+def check_config(config, workdir) -> None:
+    """Returns None once config.action_accuracy.mode is one this stage runs; raises UserError naming it.
+    The pipeline calls it before any stage runs (stages/pipeline.py check_stages), run() as its first step."""
     mode = config.action_accuracy.mode
     if mode == "closed_loop":
         raise UserError("config.action_accuracy.mode 'closed_loop' is now the eval stage: run "
                         "--config.stages=eval (config.eval.policies, first_seed, num_seeds, max_steps)")
     if mode not in MODES:
         raise UserError(f"config.action_accuracy.mode = {mode!r}; expected one of {list(MODES)}")
+
+
+def run(config, workdir: pathlib.Path) -> dict:
+    """Evaluates the checkpoint on the held-out steps (workdir/sft_eval.json); returns the report."""
+    check_config(config, workdir)
     return step_accuracy(config, workdir)
 
 

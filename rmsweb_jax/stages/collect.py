@@ -90,19 +90,30 @@ def _check_judge_fits(judge_name: str, tasks: list[Task], cfg) -> None:
                             "form of the file (precomputed_rubric.items), or another judge")
 
 
-def run(config, workdir: pathlib.Path) -> dict:
-    """Collects config.collect's tasks × seeds with up to K attempts each into the store, then
-    writes workdir/collect_report.{json,md,png}; returns the report."""
+def check_config(config, workdir) -> CollectSettings:
+    """Returns the retry loop's settings of config.collect once the suite, judge, success rule and policy settings
+    check too (no task file, browser or model); raises UserError naming the key. The pipeline calls it before any
+    stage runs (stages/pipeline.py check_stages), run() as its first step."""
     cfg = config.collect
     if cfg.suite not in SUITES:
         raise UserError(f"collect.suite {cfg.suite!r}: expected one of {list(SUITES)}")
-    workdir = storage.as_path(workdir)  # local, or gs:// (the store then lives in a local mirror, see store.py)
-    store_dir = storage.as_path(cfg.store_dir) if cfg.store_dir else workdir / "store"
-    judge_name, _ = judge_spec(cfg)  # a wrong judge fails before any task file is read or model loaded
+    judge_spec(cfg)  # a wrong judge fails before any task file is read or model loaded
     check_success_rule(cfg.success, "collect.success")  # the report names it for every judge
     if cfg.retry_mode not in RETRY_MODES:
         raise UserError(f"collect.retry_mode {cfg.retry_mode!r}: expected 'reflection' (retries conditioned on the "
                         "policy's reflections) or 'plain' (retries without them, a fresh draw each)")
+    collect_policy_settings(config)
+    return CollectSettings.from_config(cfg)
+
+
+def run(config, workdir: pathlib.Path) -> dict:
+    """Collects config.collect's tasks × seeds with up to K attempts each into the store, then
+    writes workdir/collect_report.{json,md,png}; returns the report."""
+    cfg = config.collect
+    settings = check_config(config, workdir)
+    workdir = storage.as_path(workdir)  # local, or gs:// (the store then lives in a local mirror, see store.py)
+    store_dir = storage.as_path(cfg.store_dir) if cfg.store_dir else workdir / "store"
+    judge_name, _ = judge_spec(cfg)
     if cfg.policy == "teacher" and cfg.suite != "miniwob":
         make_policy(config, workdir, [])  # raises: the teacher only knows MiniWoB++
     tasks = collect_tasks(cfg)
@@ -126,7 +137,7 @@ def run(config, workdir: pathlib.Path) -> dict:
             check_store_success_rule(store.trajectories(), cfg.success, store_dir)
             if store.removed_orphans:
                 logging.info("collect: removed leftovers of an interrupted flush: %s", store.removed_orphans)
-            collector = RetryCollector(suite, policy, judge, store, CollectSettings.from_config(cfg))
+            collector = RetryCollector(suite, policy, judge, store, settings)
             summary = collector.run(tasks, seeds)
     finally:
         policy.close()

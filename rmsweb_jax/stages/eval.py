@@ -293,7 +293,7 @@ def play(env, policy, judge, store_dir: pathlib.Path, tasks: list, seeds: list[i
                                                flush_every_s=env.flush_every_s, policy=policy.name,
                                                provenance=policy_provenance(policy)) as store:
         settings = dataclasses.replace(CollectSettings.from_config(env), attempts=1, retry_mode=REFLECTION,
-                                       max_steps=max_steps, batch_window_s=batch_window_s)
+                                       max_steps=max_steps, batch_window_s=batch_window_s, progress_label="eval")
         summary = RetryCollector(suite, policy, judge, store, settings).run_pairs(pairs)
     host_shares.merge_when_played(store_dir, "eval")
     return summary
@@ -315,6 +315,26 @@ def _ci(interval) -> str:
     return f"{100 * interval[0]:.1f}-{100 * interval[1]:.1f}%"
 
 
+def policy_settings(config, env) -> PolicySettings:
+    """Returns what building an evaluated policy takes besides its spec (env: environment(config))."""
+    ev = config.eval
+    return PolicySettings(suite=env.suite, max_batch=env.workers, max_new_tokens=ev.max_new_tokens,
+                          temperature=ev.temperature, teacher=dict(env.teacher.to_dict()),
+                          api_key_env=env.api_key_env, key="eval.policies")
+
+
+def check_config(config, workdir) -> None:
+    """Returns None once config.eval's fields and the environment it plays (config.collect with eval.tasks: judge,
+    retry-loop settings) check; raises UserError naming the key. eval.policies is checked when the stage starts:
+    it may name the exports of stages that have not run yet. The pipeline calls it before any stage runs
+    (stages/pipeline.py check_stages), run() as its first step."""
+    _check_fields(config.eval)
+    env = environment(config)
+    judge_spec(env)
+    CollectSettings.from_config(env)
+    policy_settings(config, env)
+
+
 def run(config, workdir: pathlib.Path) -> dict:
     """Plays every policy of config.eval on the evaluation tasks x seeds and writes
     workdir/eval/{eval_report.*, training_curves.png, viewer/}; returns the report, with "seconds": the
@@ -322,7 +342,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     ev = config.eval
     workdir = storage.as_path(workdir)  # local, or gs:// (stores through their mirrors, reports written there)
     out_dir = workdir / EVAL_DIR
-    _check_fields(ev)
+    check_config(config, workdir)
     # Every mistake a user can make is caught here, before a browser starts or a model loads.
     entries = parse_policies(ev.policies, workdir)
     compare = comparisons(ev.compare, [e.label for e in entries])
@@ -336,9 +356,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     seeds = list(range(ev.first_seed, ev.first_seed + ev.num_seeds))
     pairs = [(t.id, s) for t in tasks for s in seeds]
     check_training_seeds(config, workdir, pairs, env.suite)
-    settings = PolicySettings(suite=env.suite, max_batch=env.workers, max_new_tokens=ev.max_new_tokens,
-                              temperature=ev.temperature, teacher=dict(env.teacher.to_dict()),
-                              api_key_env=env.api_key_env, key="eval.policies")
+    settings = policy_settings(config, env)
     if env.suite != "miniwob" and any(e.spec == "teacher" for e in entries):
         build_policy("teacher", settings, config=config, workdir=workdir, task_ids=[])  # raises: MiniWoB++ only
     if env.suite != "miniwob" and len(seeds) > 1:

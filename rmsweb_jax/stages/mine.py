@@ -149,10 +149,11 @@ def _rollout_states(config, workdir: pathlib.Path, chat_model, builder, store_di
     return found.states, {"store": str(rollout_dir), **found.counts}
 
 
-def run(config, workdir: pathlib.Path) -> dict:
-    """Mines the training split's reference steps; writes the state set, the report and summary.json."""
+def check_config(config, workdir) -> ReplaySettings:
+    """Returns the replay's settings of config.mine once its state-set fields check too (no split, store or model
+    read); raises UserError naming the key. The pipeline calls it before any stage runs (stages/pipeline.py
+    check_stages), run() as its first step."""
     cfg = config.mine
-    workdir = storage.as_path(workdir)  # local, or gs://
     try:
         settings = ReplaySettings.from_config(cfg)
     except ValueError as err:
@@ -164,6 +165,14 @@ def run(config, workdir: pathlib.Path) -> dict:
         raise UserError(f"config.mine.max_states must be >= 0 (0 = every training step), got {cfg.max_states}")
     if cfg.uniform_states < 0:
         raise UserError(f"config.mine.uniform_states must be >= 0 (0 = the mined state set), got {cfg.uniform_states}")
+    return settings
+
+
+def run(config, workdir: pathlib.Path) -> dict:
+    """Mines the training split's reference steps; writes the state set, the report and summary.json."""
+    cfg = config.mine
+    settings = check_config(config, workdir)
+    workdir = storage.as_path(workdir)  # local, or gs://
     # Every host replays the same states (the same sampling programs, on the global mesh); one writes.
     writer = jax.process_index() == 0
     data, view, split, split_file = saved_split(config, workdir)

@@ -36,6 +36,11 @@ def synthetic_screenshot(width: int = 256, height: int = 160) -> Image.Image:
     return img
 
 
+def check_config(config, workdir) -> None:
+    """Returns None: the model stage's settings are model.init's checkpoint and config.smoke's sampling, which only
+    loading the model checks. The pipeline calls it before any stage runs (stages/pipeline.py check_stages)."""
+
+
 def run(config, workdir: pathlib.Path) -> dict:
     """Loads the model, generates for one screenshot + instruction, writes workdir/model_smoke.json."""
     model, ckpt_dir = load_model(config, workdir)

@@ -45,6 +45,19 @@ def stage_names(stages) -> list[str]:
     return names
 
 
+def check_stages(config, workdir: str | pathlib.Path) -> None:
+    """Returns None once every stage of config.stages has built its settings from the config (each stage's
+    check_config: the same builders its run() calls first, no model, browser or file read); raises UserError
+    naming the stage whose settings refused a value. main.py calls it before the workdir lock and the first
+    stage, so a mistake in a late stage's settings fails in seconds, not after the stages before it ran."""
+    for name in stage_names(config.stages):
+        try:
+            stage_module(name).check_config(config, workdir)
+        except UserError as err:
+            raise UserError(f"stage {name}'s settings refused the config (checked before any stage ran): "
+                            f"{err}") from err
+
+
 def run_pipeline(config, workdir: str | pathlib.Path, *, prefix: str = "") -> list[dict]:
     """Returns the record of each stage of config.stages (stage, ran, reason, seconds), having run them in
     order, each unless its manifest says it is up to date (config.rerun forces some), printing

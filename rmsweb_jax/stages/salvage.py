@@ -47,6 +47,7 @@ from rmsweb_jax.stages.manifest import MODEL_LOADING, TRAINER_CADENCE
 from rmsweb_jax.train.loop import Trainer
 from rmsweb_jax.train.loss import resolve_loss_impl
 from rmsweb_jax.train.rl_loss import RLLossSettings, make_salvage_loss
+from rmsweb_jax.train.settings import TrainSettings
 from rmsweb_jax.train.step import ModelParts
 from rmsweb_jax.train.tokenizer import check_tokenizer
 
@@ -92,6 +93,26 @@ def train_config(config) -> ml_collections.ConfigDict:
     return out
 
 
+def check_config(config, workdir) -> tuple:
+    """Returns (learner class, its settings, the loss's settings, the run's config: config.train with
+    config.salvage.train over it) once they build and the batch holds a step's groups (no state set, checkpoint or
+    model read); raises UserError naming the key. The pipeline calls it before any stage runs (stages/pipeline.py
+    check_stages), run() as its first step."""
+    cfg = config.salvage
+    learner_type = learner_class(cfg.algorithm)
+    settings = learner_type.settings_from_config(cfg)
+    draw_settings = settings.draw
+    loss_settings = RLLossSettings.from_config(cfg.loss)
+    run_config = train_config(config)
+    TrainSettings.from_config(run_config.train)  # the trainer's, as Trainer builds them
+    batch_size = int(run_config.train.batch_size)
+    if batch_size < draw_settings.groups_per_step * draw_settings.group_size:
+        raise UserError(f"config.salvage.train.batch_size (or config.train.batch_size) = {batch_size} cannot hold "
+                        f"config.salvage.groups_per_step x group_size = {draw_settings.groups_per_step} x "
+                        f"{draw_settings.group_size} policy rows; raise the batch size or lower B or G")
+    return learner_type, settings, loss_settings, run_config
+
+
 def run(config, workdir: pathlib.Path) -> dict:
     """Trains Salvage-DS updates (config.salvage.train over config.train: total_steps, batch size, rate); writes
     summary.json."""
@@ -99,16 +120,8 @@ def run(config, workdir: pathlib.Path) -> dict:
     workdir = storage.as_path(workdir)  # local, or gs:// (Orbax and the HF export write the bucket: train/loop.py)
     cfg = config.salvage
     # Settings and the state set first: a bad value or a missing state set fails before a model loads.
-    learner_type = learner_class(cfg.algorithm)
-    settings = learner_type.settings_from_config(cfg)
-    draw_settings = settings.draw
-    loss_settings = RLLossSettings.from_config(cfg.loss)
-    run_config = train_config(config)
+    learner_type, settings, loss_settings, run_config = check_config(config, workdir)
     batch_size = int(run_config.train.batch_size)
-    if batch_size < draw_settings.groups_per_step * draw_settings.group_size:
-        raise UserError(f"config.salvage.train.batch_size (or config.train.batch_size) = {batch_size} cannot hold "
-                        f"config.salvage.groups_per_step x group_size = {draw_settings.groups_per_step} x "
-                        f"{draw_settings.group_size} policy rows; raise the batch size or lower B or G")
     states = StateSet(cfg.states or links.folder(workdir, "mine") / "states.arrayrecord")
     spec = cfg.init or f"hf:{links.folder(workdir, 'sft') / 'hf'}"
     if spec.startswith("hf:") and not (storage.user_path(spec[3:]) / "config.json").is_file():

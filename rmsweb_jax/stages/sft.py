@@ -19,12 +19,13 @@ import jax
 
 from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import prompt_config_from
-from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches
+from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches, SFTDataConfig
 from rmsweb_jax.stages.manifest import TRAINER_CADENCE
 from rmsweb_jax.stages.sft_split import (SFT_DIR, SPLIT_FILE, data_settings, load_split, same_split_settings,
                                          saved_split, split_path, split_record)
 from rmsweb_jax.train.loop import Trainer
 from rmsweb_jax.train.metrics import loss_summary
+from rmsweb_jax.train.settings import TrainSettings
 from rmsweb_jax.train.tokenizer import check_tokenizer
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
@@ -36,6 +37,15 @@ FRESH_START = ("sft",)  # a rerun for a change starts afresh (manifest.py)
 NON_RESULT_FIELDS = TRAINER_CADENCE  # ... but not for a change of these alone
 
 NAME = SFT_DIR
+
+
+def check_config(config, workdir) -> None:
+    """Returns None once config.train, config.data and config.prompt build their settings (the trainer's, the
+    Grain pipeline's, the prompt's; no store read, no model); raises UserError naming the key. The pipeline calls
+    it before any stage runs (stages/pipeline.py check_stages)."""
+    TrainSettings.from_config(config.get("train"))
+    SFTDataConfig.from_config(config.get("data"), workdir)
+    prompt_config_from(config)
 
 
 def run(config, workdir: pathlib.Path) -> dict:

@@ -338,6 +338,12 @@ def markdown(table: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_config(config, workdir) -> None:
+    """Returns None: the table's variants change a few fields to fixed values, and the stages they run are checked
+    with the main ones' settings when config.stages names them (the variants' own configs need the main outputs).
+    The pipeline calls it before any stage runs (stages/pipeline.py check_stages)."""
+
+
 def run(config, workdir: pathlib.Path) -> dict:
     """Runs the variants, then writes <workdir>/demo_table.{json,md} and prints the markdown; returns the table."""
     workdir = storage.as_path(workdir)  # local, or gs://

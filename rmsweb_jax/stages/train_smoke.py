@@ -14,6 +14,7 @@ import jax
 
 from rmsweb_jax.stages.manifest import TRAINER_CADENCE
 from rmsweb_jax.train.loop import Trainer
+from rmsweb_jax.train.settings import TrainSettings
 from rmsweb_jax.train.synthetic_batches import SyntheticBatches, random_examples
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
@@ -22,6 +23,12 @@ INPUT_STAGES: dict = {}
 OUTPUTS = {"train_smoke/summary.json": None, "train_smoke/hf": None}
 FRESH_START = ("train_smoke",)  # a rerun for a change starts afresh (manifest.py)
 NON_RESULT_FIELDS = TRAINER_CADENCE  # ... but not for a change of these alone
+
+
+def check_config(config, workdir) -> None:
+    """Returns None once config.train builds the trainer's settings; raises UserError naming the key.
+    The pipeline calls it before any stage runs (stages/pipeline.py check_stages)."""
+    TrainSettings.from_config(config.get("train"))
 
 
 def run(config, workdir: pathlib.Path) -> dict:

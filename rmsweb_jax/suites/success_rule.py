@@ -11,6 +11,8 @@ The reward is the page's raw reward (WOB_RAW_REWARD_GLOBAL: no time discount).
 """
 from __future__ import annotations
 
+from rmsweb_jax.errors import UserError
+
 SOLVED, POSITIVE_REWARD = "solved", "positive_reward"
 # Rewards are sums of +-1/n in float64; 1e-6 absorbs their rounding, far below any 1/n step.
 SOLVED_TOLERANCE = 1e-6
@@ -18,9 +20,10 @@ SUCCESS_RULES = {SOLVED: f"raw reward >= 1 - {SOLVED_TOLERANCE:g}", POSITIVE_REW
 
 
 def check_success_rule(rule: str, where: str = "success rule") -> str:
-    """Returns `rule` when it is a known rule; raises ValueError naming `where` and the choices."""
+    """Returns `rule` when it is a known rule; raises UserError (a config value: one line)
+    naming `where` and the choices."""
     if rule not in SUCCESS_RULES:
-        raise ValueError(f"{where} {rule!r}: expected one of {sorted(SUCCESS_RULES)} "
+        raise UserError(f"{where} {rule!r}: expected one of {sorted(SUCCESS_RULES)} "
                          f"({'; '.join(f'{k}: {v}' for k, v in SUCCESS_RULES.items())})")
     return rule
 

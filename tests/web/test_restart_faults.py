@@ -136,27 +136,37 @@ def test_a_launch_that_hangs_every_time_fails_naming_the_attempts_and_leaves_not
 
 
 def test_kill_marked_returns_only_when_nothing_marked_is_left_alive():
-    # A marked process group that forks all the time (a shell running subshells, as Chromium forks its zygote and
-    # helpers), at nice 19 on a core that a busy process holds, as a browser is on a loaded CI machine: a killed
-    # process stays listed until it gets the core to exit. Right after kill_marked nothing carrying the marker may
-    # be alive. (A kill that did not wait left the shell alive in 6 of 20 tries here.)
-    core = min(os.sched_getaffinity(0))
-    pin = lambda: os.sched_setaffinity(0, {core})  # noqa: E731
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
+    # A marked process whose child, forked without exec (so it carries the marker too), leaves the process group
+    # (Chromium forks its zygote and helpers the same way): killing the browser's group misses the child, and both
+    # stay listed until the kernel has torn the killed one down (longer on a loaded machine, as on CI). Right after
+    # kill_marked nothing carrying the marker may be alive. (A kill that did not look again failed here every time.)
+    marker = f"kill-wait-{os.getpid()}"
+    forking = ("import os, time\n"
+               "if os.fork() == 0:\n"
+               "    os.setsid()\n"
+               "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", forking, MARKER_FLAG + marker], start_new_session=True)
     try:
-        for attempt in range(20):
-            marker = f"kill-wait-{os.getpid()}-{attempt}"
-            proc = subprocess.Popen(["bash", "-c", "while :; do (sleep 0.01); done", "x", MARKER_FLAG + marker],
-                                    start_new_session=True, preexec_fn=lambda: (pin(), os.nice(19)))
-            try:
-                deadline = time.monotonic() + 10
-                while not marked_pids(marker, exact=True) and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert kill_marked(marker, exact=True), "the marked shell was never seen"
-                assert marked_pids(marker, exact=True) == [], f"try {attempt}: still alive after kill_marked"
-            finally:
-                proc.kill()
-                proc.wait()
+        deadline = time.monotonic() + 30
+        while len(_marked_processes(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(_marked_processes(marker)) == 2, "the marked process and its child never both started"
+        assert kill_marked(marker, exact=True), "the marked process was never seen"
+        assert marked_pids(marker, exact=True) == [], "still alive after kill_marked"
     finally:
-        hog.kill()
-        hog.wait()
+        kill_marked(marker, exact=True)
+        proc.kill()
+        proc.wait()
+
+
+def _marked_processes(marker: str) -> list[int]:
+    """Returns every live process carrying `marker` (children of marked processes included, unlike marked_pids)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if (MARKER_FLAG + marker).encode() in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found

@@ -26,11 +26,6 @@ def run_absl_command(main, prog: str) -> None:
     """Runs `main` under absl.app as the command `prog`: --help prints the usage and exits 0 (absl's exits 1),
     a flag mistake or a UserError prints one line "<prog>: error: ..." and exits 2 (RMSWEB_TRACEBACK=1 keeps the
     traceback). For the small commands (viewer, plan); rmsweb_jax/main.py does the same with its config hints."""
-    import os
-    import sys
-
-    from absl import app, flags
-
     def parse(argv):
         try:
             return flags.FLAGS(argv)
@@ -59,8 +54,15 @@ def wants_help(argv) -> bool:
     return any(str(arg).split("=")[0] in HELP_FLAGS for arg in list(argv)[1:])
 
 
+def one_line(err: BaseException) -> str:
+    """Returns `err`'s message on one line (ml_collections adds "\nDid you mean ..."; a KeyError's str() is a
+    repr of its key, so its argument is taken instead)."""
+    message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    return " ".join(str(message).split())
+
+
 def exit_with_one_line(prog: str, err: BaseException, hint: str = "") -> None:
     """Prints `err` as one line "<prog>: error: ..." on stderr and exits 2."""
-    message = " ".join(str(err).split())
+    message = one_line(err)
     print(f"{prog}: error: {message}{' ' + hint if hint else ''}", file=sys.stderr, flush=True)
     sys.exit(USAGE_ERROR)

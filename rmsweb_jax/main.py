@@ -38,7 +38,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from rmsweb_jax.distributed import maybe_initialize_distributed
-from rmsweb_jax.errors import USAGE_ERROR, UserError, wants_help
+from rmsweb_jax.errors import USAGE_ERROR, UserError, exit_with_one_line, one_line, wants_help
 from rmsweb_jax.workdir_lock import WorkdirLock, describe
 # STAGES: stage name -> its module of rmsweb_jax.stages (the registry lives beside the runner, which the
 # `table` stage also runs on its variants' sub-workdirs).
@@ -248,7 +248,7 @@ def flag_mistake(argv: list[str], err: BaseException) -> str:
         except (OSError, TypeError, ValueError):  # it failed to load: the parser's own message below names the mistake
             config = None
     if config is None or not hasattr(config, "keys"):
-        return _parser_message(err)
+        return one_line(err)
     for arg in argv[1:]:
         if not arg.startswith("--config.") or "=" not in arg:
             continue
@@ -266,7 +266,7 @@ def flag_mistake(argv: list[str], err: BaseException) -> str:
                 return f"{arg}: {walked} is a block of fields ({', '.join(node.keys())}): set them one by one"
             return (f"{arg}: expected a value of type {type(node).__name__}, as {walked} = {node!r} in this config "
                     f"({value!r} is not one)")
-    return _parser_message(err)
+    return one_line(err)
 
 
 def _nearest(config, walked: str, node, part: str) -> str:
@@ -287,20 +287,12 @@ def _leaf_paths(node, prefix: str) -> list[str]:
     return [path for key in node.keys() for path in _leaf_paths(node[key], f"{prefix}.{key}")]
 
 
-def _parser_message(err: BaseException) -> str:
-    message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)  # KeyError's str() is a repr
-    return " ".join(str(message).split())  # one line: ml_collections adds "\nDid you mean ..."
-
-
 def _traceback_wanted() -> bool:
     return os.environ.get(TRACEBACK_ENV) == "1" or flags.FLAGS["verbosity"].value >= 1
 
 
 def _exit_with(err: BaseException, hint: str = "(--verbosity=1 shows the traceback)") -> None:
-    message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)  # KeyError's str() is a repr
-    message = " ".join(str(message).split())  # one line: ml_collections adds "\nDid you mean ..."
-    print(f"rmsweb: error: {message} {hint}", file=sys.stderr)
-    sys.exit(USAGE_ERROR)
+    exit_with_one_line("rmsweb", err, hint)
 
 
 def run() -> None:

@@ -54,7 +54,7 @@ def _length_sorted_chunks(encoded: Sequence[EncodedChat], size: int) -> list[lis
     return [order[start:start + size] for start in range(0, len(order), size)]
 
 
-def _batch_buckets(max_batch: int) -> tuple[int, ...]:
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
     """Returns the batch sizes compiled for: powers of two below max_batch, then max_batch."""
     sizes, b = [], 1
     while b < max_batch:
@@ -203,7 +203,7 @@ class ChatModel:
                   max_prompts: int | None = None) -> list[Completion]:
         """Returns the completions of one batch (at most max_prompts prompts, max_batch by default), group_size
         per prompt, prompt-major."""
-        size = next(s for s in _batch_buckets(max_prompts or self.max_batch) if s >= len(batch))
+        size = next(s for s in batch_buckets(max_prompts or self.max_batch) if s >= len(batch))
         prompts = [enc.input_ids.tolist() for enc in batch] + [[self.pad_id]] * (size - len(batch))
         with_images = [enc for enc in batch if enc.num_images]
         pixels = np.concatenate([enc.pixel_values for enc in with_images]) if with_images else None

@@ -53,7 +53,7 @@ from ml_collections import config_flags
 
 from rmsweb_jax.errors import UserError, run_absl_command
 from rmsweb_jax.models.from_config import mesh_from_config
-from rmsweb_jax.sampling.chat_model import ChatModel, loading_config
+from rmsweb_jax.sampling.chat_model import ChatModel, batch_buckets, loading_config
 from rmsweb_jax.sampling.chat_http import MiB, ChatHTTPServer
 from rmsweb_jax.sampling.chat_reply import ChoiceReply, TokenText, choice_reply, chunk_objects, completion_object
 from rmsweb_jax.sampling.chat_request import (DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_N, DEFAULT_MAX_PROMPT_BYTES,
@@ -321,11 +321,6 @@ class ChatServer:
         self._pending.release()
 
     # --- one chat completion --------------------------------------------------------------------
-    def chat_completion(self, body: Any) -> dict[str, Any]:
-        """Returns the chat.completion object for a parsed JSON `body` (as if not streamed); raises RequestError."""
-        a = self.answer(body)
-        return completion_object(a.reply_id, a.created, self.model_name, a.choices, a.usage)
-
     def answer(self, body: Any, reply_id: str | None = None) -> Answer:
         """Returns the answer to a parsed JSON `body` (its id `reply_id`, default a new one); raises RequestError."""
         request = parse_chat_request(body, model_name=self.model_name, max_tokens_limit=self.max_tokens_limit,
@@ -404,14 +399,9 @@ class ChatServer:
         find their programs compiled. Call before serving (it holds the model)."""
         start, compiles_before = time.perf_counter(), compile_count()
         largest = min(self.max_batch, int(getattr(self.chat_model, "max_batch", self.max_batch)))
-        sizes, b = [], 1
-        while b < largest:  # ChatModel pads a batch to a power of two below its max_batch, or to max_batch
-            sizes.append(b)
-            b *= 2
-        sizes.append(largest)
         runs = 0
         for bucket in self.max_tokens_buckets:
-            for size in sizes:
+            for size in batch_buckets(largest):  # the batch sizes ChatModel pads to
                 for mode in WARMUP_MODES.values():
                     self.chat_model.complete([list(WARMUP_CONVERSATION)] * size,
                                              dataclasses.replace(mode, max_new_tokens=bucket), seed=0)

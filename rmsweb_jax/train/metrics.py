@@ -172,8 +172,7 @@ def _label(name: str, step: int, scalars: dict[str, float]) -> str:
     """Returns how the console names scalar `name`: the loss with its window ("loss (mean of steps 41-50)")."""
     if name != "loss" or WINDOW not in scalars:
         return name
-    first = step - int(scalars[WINDOW]) + 1
-    return f"loss (mean of steps {first}-{step})" if first < step else f"loss (step {step})"
+    return f"loss ({_span([step - int(scalars[WINDOW]) + 1, step])})"
 
 
 def loss_summary(path: str | pathlib.Path) -> dict:

@@ -65,7 +65,9 @@ class Episode:
     status "complete": the episode ran from reset to its end (done, or truncated at max_steps
     or the time limit) in one attempt without a browser fault. status "failed": every attempt
     hit a fault; `observations` / `actions` are empty and `faults` says why. `actions[i]` was
-    taken on `observations[i]` and carries its semantic target.
+    taken on `observations[i]` and carries its semantic target. `recording` (web/recording.py
+    Recording.to_dict) is the episode's recorded traffic when it was recorded; `off_record` the first
+    URL a replayed episode asked for that its recording did not hold (None: none, or not replayed).
     """
 
     request: EpisodeRequest
@@ -81,6 +83,8 @@ class Episode:
     attempts: int = 1
     faults: tuple[str, ...] = ()
     wall_s: float = 0.0
+    recording: dict[str, Any] | None = None
+    off_record: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -94,6 +98,7 @@ class Episode:
             "observations": [o.to_dict() for o in self.observations], "actions": [a.to_dict() for a in self.actions],
             "reward": self.reward, "success": self.success, "reason": self.reason, "done": self.done,
             "truncated": self.truncated, "attempts": self.attempts, "faults": list(self.faults), "wall_s": self.wall_s,
+            "recording": self.recording, "off_record": self.off_record,
         }
 
     @classmethod
@@ -105,6 +110,8 @@ class Episode:
             actions=tuple(Action.from_dict(a) for a in d["actions"]), reward=d["reward"], success=d["success"],
             reason=d["reason"], done=d["done"], truncated=d["truncated"], attempts=d["attempts"],
             faults=tuple(d["faults"]), wall_s=d["wall_s"],
+            # absent from episodes serialized before record/replay existed
+            recording=d.get("recording"), off_record=d.get("off_record"),
         )
 
     def to_json(self) -> str:

@@ -148,7 +148,7 @@ class AsyncWorkerPool:
 
     async def _attempt(self, worker: BrowserWorker, slot: int, request: EpisodeRequest, policy: EpisodePolicy,
                        attempt: int) -> Episode:
-        obs = await worker.reset(request.task, request.seed)
+        obs = await worker.reset(request.task, request.seed, request.request_id)
         instruction = obs.instruction
         observations, actions = [obs], []
         info: dict[str, Any] = {}
@@ -162,10 +162,12 @@ class AsyncWorkerPool:
             obs, done, info = await worker.step(action)
             observations.append(obs)
             actions.append(obs.last_action)
+        recording, off_record = await worker.finish_tape()
         return Episode(request=request, status=COMPLETE, instruction=instruction, observations=tuple(observations),
                        actions=tuple(actions), reward=info.get("reward"), success=info.get("success"),
                        reason=info.get("reason") if done else "step limit", done=done and not info.get("truncated"),
-                       truncated=not done or bool(info.get("truncated")))
+                       truncated=not done or bool(info.get("truncated")),
+                       recording=None if recording is None else recording.to_dict(), off_record=off_record)
 
 
 async def _call(policy: EpisodePolicy, history: History) -> Action:

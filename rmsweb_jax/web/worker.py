@@ -15,6 +15,7 @@ from rmsweb_jax.web.browser import close_browser, kill_marked, launch_chromium, 
 from rmsweb_jax.web.guard import ContextGuard
 from rmsweb_jax.web.observation import Observation
 from rmsweb_jax.web.page_reader import read_page
+from rmsweb_jax.web.recording import Recording, Tape, TapeSession
 from rmsweb_jax.web.safety import RequestPolicy
 from rmsweb_jax.web.semantics import resolve_target
 from rmsweb_jax.web.suite import Suite
@@ -58,6 +59,7 @@ class WorkerConfig:
     navigation_timeout_s: float = 10.0
     fast_png: bool = True
     extra_args: tuple[str, ...] = ()
+    tape: Tape | None = None            # record every episode's traffic, or replay it (web/recording.py)
 
     def __post_init__(self):
         if self.coordinates not in ("relative", "pixel"):
@@ -103,6 +105,7 @@ class BrowserWorker:
         self._context = None
         self._guard: ContextGuard | None = None
         self._episode: _Episode | None = None
+        self._tape: TapeSession | None = None
         self._dead = False
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -169,13 +172,35 @@ class BrowserWorker:
         return CoordinateSpace.pixels(round(w * scale), round(h * scale))
 
     # --- episodes -----------------------------------------------------------------------
-    async def reset(self, task: Any, seed: int = 0) -> Observation:
-        """Starts `task` with `seed` and returns the first observation.
+    async def reset(self, task: Any, seed: int = 0, request_id: str | None = None) -> Observation:
+        """Starts `task` with `seed` and returns the first observation. With a tape (WorkerConfig.tape)
+        the episode is recorded, or replayed, under `request_id` ("<task id>#<seed>" when None).
 
-        Raises WorkerFault (after restarting the browser) when the browser crashes or hangs.
+        Raises WorkerFault (after restarting the browser) when the browser crashes or hangs;
+        DamagedRecording when the replayed recording is missing or damaged.
         """
         self._episode = None
+        if self.config.tape is not None:
+            self._tape = TapeSession(self.config.tape, request_id or f"{_task_id(task)}#{seed}")
         return await self._guarded(self._reset(task, seed), self.config.reset_timeout_s, f"reset of {_task_id(task)}")
+
+    async def finish_tape(self) -> tuple[Recording | None, str | None]:
+        """Ends the episode's recording or replay (closing its context: Playwright writes the HAR then);
+        returns (the Recording when recording, the first URL the recording did not hold when replaying).
+        (None, None) without a tape. Raises WorkerFault when the browser fails meanwhile."""
+        session, self._tape = self._tape, None
+        if session is None or self._context is None:
+            return None, None
+        context, self._context, guard, self._guard = self._context, None, self._guard, None
+        self._episode = None
+
+        async def finish():
+            if guard is not None:
+                await guard.close()
+            return await session.finish(context)
+
+        recording = await self._guarded(finish(), self.config.reset_timeout_s, "saving the episode's recording")
+        return recording, session.off_record
 
     async def step(self, action: Action) -> tuple[Observation, bool, dict[str, Any]]:
         """Performs `action` and returns (observation, done, info).
@@ -213,7 +238,7 @@ class BrowserWorker:
         if self._browser is None:
             await self.start()
         # A context's proxy (strict mode's WebSocket block) is fixed when it is created.
-        fresh = (not self.suite.reuse_page or self._context is None or self._guard is None or not self._guard.pages
+        fresh = (self._tape is not None or not self.suite.reuse_page or self._context is None or self._guard is None or not self._guard.pages
                  or policy.context_proxy() != self._guard.policy.context_proxy())
         if fresh:
             if self._guard is not None:
@@ -224,7 +249,9 @@ class BrowserWorker:
             self._context = await self._browser.new_context(
                 viewport={"width": self.suite.viewport[0], "height": self.suite.viewport[1]},
                 device_scale_factor=self.suite.device_scale_factor, accept_downloads=False,
-                proxy=policy.context_proxy())
+                proxy=policy.context_proxy(), **(self._tape.context_options() if self._tape else {}))
+            if self._tape is not None:
+                await self._tape.attach(self._context)
             self._guard = ContextGuard(self._context, policy)
             await self._guard.open_page()
         else:

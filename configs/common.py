@@ -25,6 +25,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.decode_layout = "auto"        # auto (per_layer on one CPU device, copies up to 2 GiB) | stacked | per_layer
     c.model.decode_sharding = "auto"      # on a mesh: auto (replicated if the decode copy <= 1/4 of HBM, else tensor)
                                           # | tensor | replicated | training (no copy: FSDP weights gathered per token)
+    c.model.group_decode = "cascade"      # G samples of a prompt: cascade (one prompt KV cache read once per group
+                                          # + each row's own) | copy (the prompt's cache copied to the G rows)
     c.model.vision_window = 4096          # most patches one image may have; vision attention then costs linear, not
                                           # quadratic, in a microbatch's images. A 1280x720 screenshot: smart_resize
                                           # -> 1280x704 -> 80x44 = 3520 patches of 16, rounded up to 4096 as
@@ -104,6 +106,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.collect.flush_every_s = 30.0
     c.collect.batch_window_s = 0.02       # how long a policy batch waits for more workers' steps
     c.collect.progress = True
+    c.collect.record = ""                 # "har": each episode's traffic (bodies), storage and clock recorded into the
+                                          # store's recordings/ (also for eval), replayable with eval.replay
     c.collect.viewer = False              # True: also write the trajectory viewer <workdir>/collect_viewer/index.html
                                           # (static HTML; copies every screenshot of the store)
 
@@ -126,6 +130,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.bootstrap_samples = 10_000
     c.eval.bootstrap_seed = 0
     c.eval.viewer = True                  # write the trajectory viewer <workdir>/eval/viewer/ over every policy
+    c.eval.replay = ""                    # a store recorded with collect.record=har: replay its episodes offline
+                                          # (its task groups, every request from the recordings; "" = play live)
 
     # The shared trainer (rmsweb_jax/train/): SFT and Salvage-DS stages read this block.
     c.train = ml_collections.ConfigDict()

@@ -137,6 +137,27 @@ def test_the_salvage_plan_uses_salvage_s_own_batch():
     assert doubled.flops == pytest.approx(2 * base.flops, rel=1e-6)  # the step's FLOPs scale with its rows
 
 
+def test_the_group_kv_cache_is_one_prompt_plus_g_own_caches():
+    """Salvage samples G per prompt: under group_decode "cascade" the plan counts each prompt's cache once and G
+    rows of max_new slots; "copy" counts the prompt's cache and its G copies (prompt + max_new slots each)."""
+    config = _preset("qwen3_vl_8b_salvage:v6e")
+    kwargs = dict(chip_name=config.plan.chip, topology=config.plan.topology, mfu=0.4, usable_fraction=0.9)
+
+    def kv(group_decode):
+        config.model.group_decode = group_decode
+        return {s.stage: s for s in plan(config, **kwargs).stages}["salvage"].kv_cache
+
+    group, max_new = int(config.salvage.group_size), int(config.salvage.max_new_tokens)
+    bucket = memory.prompt_bucket(max(max(config.data.buckets) - max_new, 1))
+    assert group > 1
+    cascade, copy = kv("cascade"), kv("copy")
+    # Per (row, slot) the bytes are the same on both paths; prompts P, G rows each:
+    # cascade P*bucket + P*G*max_new, copy P*(bucket + max_new) + P*G*(bucket + max_new).
+    slots_cascade, slots_copy = bucket + group * max_new, (1 + group) * (bucket + max_new)
+    assert cascade * slots_copy == pytest.approx(copy * slots_cascade, rel=1e-9), (cascade, copy)
+    assert cascade < copy / 2
+
+
 def test_an_oversize_config_is_refused_with_its_figures():
     # The v6e 8B preset on 8 chips instead of 64: the fp32 state alone is 16 GB a chip.
     config = _preset("qwen3_vl_8b_sft:v6e")

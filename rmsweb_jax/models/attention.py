@@ -271,3 +271,71 @@ def _splash_local(q, k, v, q_seg, kv_seg, *, causal, scale, window, interpret):
 
     out = jax.vmap(one)(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), q_seg, kv_seg)
     return out.transpose(0, 2, 1, 3)
+
+
+# ---- shared-prefix (cascade) attention for group decoding ---------------------------------------------
+# G rows decoding from one prompt attend to that prompt's keys once per group plus their own keys. Each part is
+# a softmax over its keys, kept with its log-sum-exp; two parts combine exactly (FlashInfer's cascade attention,
+# vLLM's prefix-shared decode): out = sum_i out_i * exp(lse_i - lse), lse = logaddexp(lse_a, lse_b).
+
+def softmax_part(logits: jax.Array, visible: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Returns (softmax(logits) v [..., M, D], log-sum-exp [..., M] fp32) over the visible keys of one part.
+
+    logits fp32 [..., M, S] (already scaled); visible bool, broadcastable to it; v [..., S, D]. A row with no
+    visible key gets a log-sum-exp near the fp32 floor, so merging gives it no weight."""
+    logits = jnp.where(visible, logits, jnp.finfo(jnp.float32).min)
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    e = jnp.exp(logits - top)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    out = jnp.einsum("...ms,...sd->...md", (e / total).astype(v.dtype), v)
+    return out, (top + jnp.log(total))[..., 0]
+
+
+def merge_parts(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """Returns the attention over the union of two parts' keys from each part's (out [..., M, D], lse [..., M])."""
+    (out_a, lse_a), (out_b, lse_b) = a, b
+    lse = jnp.logaddexp(lse_a, lse_b)
+    w_a, w_b = jnp.exp(lse_a - lse)[..., None], jnp.exp(lse_b - lse)[..., None]
+    return (out_a.astype(jnp.float32) * w_a + out_b.astype(jnp.float32) * w_b).astype(out_a.dtype)
+
+
+def prefix_part(qh: jax.Array, prefix_k: jax.Array, prefix_v: jax.Array, prefix_segment_ids: jax.Array,
+                scale: float) -> tuple[jax.Array, jax.Array]:
+    """Returns (out [B, KVH, M, D], lse [B, KVH, M]) of heads-major queries qh [B, KVH, M, D] over their group's
+    shared prefix: prefix_k/v heads-major [P, KVH, Sp, D], rows b*G..b*G+G-1 sharing prefix row b (B = P*G).
+
+    Every key of the prefix precedes every query, so a query sees all its non-padding keys (segment id != 0).
+    The G rows' queries of one KV head form one [G*M, Sp] product: the prefix is read once per group."""
+    b, kvh, m, d = qh.shape
+    p, sp = prefix_k.shape[0], prefix_k.shape[2]
+    if b % p:
+        raise ValueError(f"prefix_part: {b} query rows are not a whole number of groups over {p} prefix rows")
+    group = b // p
+    qp = qh.reshape(p, group, kvh, m, d).transpose(0, 2, 1, 3, 4).reshape(p, kvh, group * m, d)
+    logits = jnp.einsum("pkmd,pksd->pkms", qp, prefix_k.astype(qh.dtype), preferred_element_type=jnp.float32) * scale
+    out, lse = softmax_part(logits, (prefix_segment_ids != 0)[:, None, None, :], prefix_v.astype(qh.dtype))
+    out = out.reshape(p, kvh, group, m, d).transpose(0, 2, 1, 3, 4).reshape(b, kvh, m, d)
+    return out, lse.reshape(p, kvh, group, m).transpose(0, 2, 1, 3).reshape(b, kvh, m)
+
+
+def prefix_shared_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: jax.Array, prefix_v: jax.Array, *,
+                            q_segment_ids: jax.Array, kv_segment_ids: jax.Array, prefix_segment_ids: jax.Array,
+                            q_positions: jax.Array, kv_positions: jax.Array, scale: float | None = None) -> jax.Array:
+    """Returns causal attention [B, T, H, D] of q over its group's shared prefix followed by its own keys.
+
+    q [B, T, H, D]; k, v [B, S, KVH, D], the rows' own (suffix) cache, masked as `attention` masks (segment ids,
+    causal by position); prefix_k, prefix_v [P, Sp, KVH, D] with B = P*G (rows prompt-major), prefix_segment_ids
+    [P, Sp] (0 = padding). Equals `attention` over the concatenation [prefix ; own keys] up to summation order."""
+    b, t, h, d = q.shape
+    kvh = k.shape[2]
+    g = h // kvh
+    scale = d ** -0.5 if scale is None else scale
+    qh = q.reshape(b, t, kvh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, d)
+    logits = jnp.einsum("bkmd,bksd->bkms", qh, k.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32) * scale
+    mask = _mask(q_segment_ids, kv_segment_ids, True, q_positions, kv_positions)  # [B, T, S]
+    mask = jnp.broadcast_to(mask[:, None, None], (b, 1, g, t, mask.shape[-1])).reshape(b, 1, g * t, -1)
+    own = softmax_part(logits, mask, v.transpose(0, 2, 1, 3))
+    shared = prefix_part(qh, prefix_k.transpose(0, 2, 1, 3), prefix_v.transpose(0, 2, 1, 3), prefix_segment_ids,
+                         scale)
+    out = merge_parts(shared, own)
+    return out.reshape(b, kvh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)

@@ -234,7 +234,8 @@ def _stage(stage, config, model_config, state, mesh, rules, chip, devices, mfu) 
 
 def _sampling(stage, config, model_config, local, state, mesh, rules, chip, runtime, sizes, notes) -> None:
     """Fills `sizes` with one sampler call's figures (sampling/sampler.py `_generate`): the prefill of the prompts
-    padded to the batch shards, its KV cache and the decode rows' (both alive while the rows are repeated G times),
+    padded to the batch shards, its KV cache and the decode rows' (group_decode "cascade": one prompt cache per
+    prompt + each row's own max_new slots; "copy": the prompt's cache and its G copies, both alive at the repeat),
     the decode copy of the text weights in the layout the sampler picks for this chip."""
     shapes = programs.sampling_shapes(config, stage)
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -258,10 +259,19 @@ def _sampling(stage, config, model_config, local, state, mesh, rules, chip, runt
         # From the first sampled token on, the head is the copy's: the training layout's shard goes unread (pruned).
         sizes["unread"] = state["head"] if layout != "training" else 0
     decode_rules = sharding.decode_rules(rules, layout)
-    sizes["kv_cache"] = (memory.kv_cache_bytes(model_config, runtime, mesh, rules, prefill_rows, shapes.prompt_len,
-                                               shapes.max_new_tokens)
-                         + memory.kv_cache_bytes(model_config, runtime, mesh, decode_rules, decode_rows,
-                                                 shapes.prompt_len, shapes.max_new_tokens))
+    if shapes.group_size > 1 and runtime.group_decode == "cascade":
+        # One prompt cache per prompt (bucket slots), read by its G rows, and each row's own max_new slots
+        # (kv_cache_bytes is linear in the slots: the difference is the rows' own cache alone).
+        prompt_only = memory.kv_cache_bytes(model_config, runtime, mesh, rules, prefill_rows, shapes.prompt_len, 0)
+        own = (memory.kv_cache_bytes(model_config, runtime, mesh, decode_rules, decode_rows, shapes.prompt_len,
+                                     shapes.max_new_tokens)
+               - memory.kv_cache_bytes(model_config, runtime, mesh, decode_rules, decode_rows, shapes.prompt_len, 0))
+        sizes["kv_cache"] = prompt_only + own
+    else:
+        sizes["kv_cache"] = (memory.kv_cache_bytes(model_config, runtime, mesh, rules, prefill_rows,
+                                                   shapes.prompt_len, shapes.max_new_tokens)
+                             + memory.kv_cache_bytes(model_config, runtime, mesh, decode_rules, decode_rows,
+                                                     shapes.prompt_len, shapes.max_new_tokens))
     sizes["prefill"] = memory.forward_bytes(local, runtime, prefill_rows // dp, bucket, patches)
     notes.append(f"sampling: {real} prompt(s) prefilled as {prefill_rows} rows of {bucket} tokens, {decode_rows} rows "
                  f"x {shapes.max_new_tokens} new tokens decoded")

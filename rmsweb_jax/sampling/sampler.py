@@ -2,7 +2,9 @@
 
 Prompts are left-padded to a length bucket and the cache holds bucket + max_new_tokens slots, so a
 (batch, prompt bucket, max_new_tokens, patch bucket) combination compiles once. Vision runs only in
-the prefill; `generate_groups` draws G samples per prompt from one prefill (copies of its KV cache).
+the prefill; `generate_groups` draws G samples per prompt from one prefill. Its G rows decode over one copy of
+the prompt's KV cache, read once per group per step, plus each row's own cache (cascade attention,
+models/attention.py); RuntimeOptions.group_decode = "copy" copies the prompt's cache to the G rows instead.
 Every sampled token comes with its log-probability under the temperature-scaled model distribution
 (before top-k / top-p truncation), which is what the RL losses need.
 """
@@ -122,8 +124,9 @@ class Sampler:
                         image_grid_thw: np.ndarray | None = None, seed: int = 0) -> SampleOutput:
         """Returns `group_size` continuations of every prompt, rows prompt-major ([p0 s0..s(G-1), p1 s0, ...]).
 
-        Each prompt, its images included, is prefilled once; its KV cache and last hidden state are then
-        copied to G rows and all P*G rows decode in one loop. The result equals `generate` on the list
+        Each prompt, its images included, is prefilled once; its last hidden state is repeated to G rows and
+        all P*G rows decode in one loop, attending to the prompt's one KV cache and their own (group_decode
+        "cascade"; "copy" repeats the prompt's cache to the G rows). The result equals `generate` on the list
         with each prompt repeated G times in a row (its images repeated per copy) and the same seed: the
         random keys are split exactly as there (one key per step over the whole [P*G, V] batch, the first
         token drawn from the prefill's last logits) and every array from the last hidden state on has the
@@ -179,8 +182,9 @@ class Sampler:
         knobs = (np.float32(params.temperature), np.float32(params.top_p), np.int32(params.top_k))
         mode = (params.temperature == 0, params.top_k > 0, params.top_p < 1)
         decode_graphdef = None if self._decode is None else self._decode.graphdef
+        cascade = group_size > 1 and self.model.runtime.group_decode == "cascade"
         return (graphdef, state, step_weights, decode_graphdef, decode_text, inputs, params.max_new_tokens,
-                self.pad_id, stop, knobs, jax.random.key(seed), mode, group_size, real)
+                self.pad_id, stop, knobs, jax.random.key(seed), mode, group_size, real, cascade)
 
     @property
     def batch_shards(self) -> int:
@@ -254,25 +258,29 @@ def _step_weights(graphdef, state) -> decode.StepWeights:
     return decode.step_weights(nnx.merge(graphdef, state).text)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 6, 7, 11, 12, 13))
+@functools.partial(jax.jit, static_argnums=(0, 3, 6, 7, 11, 12, 13, 14))
 def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_graphdef, decode_text,
-              inputs: ModelInputs, max_new: int, pad_id: int, stop_ids, knobs, rng, mode, group: int, real: int):
+              inputs: ModelInputs, max_new: int, pad_id: int, stop_ids, knobs, rng, mode, group: int, real: int,
+              cascade: bool):
     """Prefill, then decode steps: through the model's stacked layers, over `step_weights` when given, or over
     `decode_text` (the text weights in the decode layout, with `decode_graphdef`'s rules) when given.
 
     The prefill's rows are split over the mesh's batch axes; rows past `real` are padding, dropped after it.
-    With group > 1 every prompt row's cache, last hidden state and positions are repeated `group` times
-    (prompt-major) right after the prefill, so the head, the first draw and every decode step run on
-    exactly the arrays `generate` would build for the repeated prompts.
+    With group > 1 every prompt row's last hidden state and positions are repeated `group` times (prompt-major)
+    right after the prefill, so the head, the first draw and every decode step run on the arrays `generate`
+    would build for the repeated prompts. The prompt's cache: with `cascade` the prefill's cache holds the
+    prompt only and stays one copy per prompt (the `prefix` of every decode step); each row's new tokens go to
+    a cache of max_new slots of its own. Without, the cache (prompt + max_new slots) is repeated `group` times.
     """
     model = nnx.merge(graphdef, state)
     mesh, rules = model.mesh, model.rules
     temperature, top_p, top_k = knobs
     inputs = inputs._replace(**{name: _rows(getattr(inputs, name), axis, mesh, rules) for name, axis in
                                 (("input_ids", 0), ("segment_ids", 0), ("position_ids", 1), ("rope_deltas", 0))})
+    cache_dtype = DTYPES[model.runtime.compute_dtype]
+    prompt_slots = inputs.input_ids.shape[1] + (0 if cascade else max_new)
     hidden, cache = model.hidden_states(
-        inputs, KVCache.zeros(model.config.text, inputs.input_ids.shape[0], inputs.input_ids.shape[1] + max_new,
-                              DTYPES[model.runtime.compute_dtype]))
+        inputs, KVCache.zeros(model.config.text, inputs.input_ids.shape[0], prompt_slots, cache_dtype))
     last_hidden = hidden[:, -1:]
     # Next MRoPE position for every axis: one past the prompt's largest position (HF: cumsum + rope delta).
     next_pos = jnp.max(inputs.position_ids, axis=(0, 2)) + 1
@@ -280,16 +288,20 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
     if real < last_hidden.shape[0]:  # the prefill's padding rows
         last_hidden, next_pos, rope_deltas = last_hidden[:real], next_pos[:real], rope_deltas[:real]
         cache = KVCache(cache.k[:, :real], cache.v[:, :real], cache.segment_ids[:real], cache.index)
+    prefix = None
     if group > 1:
         last_hidden, next_pos, rope_deltas = (jnp.repeat(x, group, axis=0)
                                               for x in (last_hidden, next_pos, rope_deltas))
-        cache = KVCache(jnp.repeat(cache.k, group, axis=1), jnp.repeat(cache.v, group, axis=1),
-                        jnp.repeat(cache.segment_ids, group, axis=0), cache.index)
+        if cascade:
+            prefix, cache = cache, KVCache.zeros(model.config.text, real * group, max_new, cache_dtype)
+        else:
+            cache = KVCache(jnp.repeat(cache.k, group, axis=1), jnp.repeat(cache.v, group, axis=1),
+                            jnp.repeat(cache.segment_ids, group, axis=0), cache.index)
     if decode_text is not None:
         _, _, rest = nnx.split(model, nnx.PathContains("text"), ...)
         model = nnx.merge(decode_graphdef, nnx.State({"text": decode_text}), rest)  # the copy at the text's path
         rules = model.rules
-    cache = _place_cache(cache, mesh, rules)
+    cache, prefix = _place_cache(cache, mesh, rules), _place_cache(prefix, mesh, rules)
     b = last_hidden.shape[0]
     rng, sub = jax.random.split(rng)
     first, first_lp = sample_token(model.logits(last_hidden)[:, 0], sub, temperature, top_p, top_k, mode=mode)
@@ -299,13 +311,14 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
     lengths = jnp.ones((b,), jnp.int32)
     if step_weights is not None:
         cache = decode.step_cache(cache)
+        prefix = None if prefix is None else decode.step_cache(prefix)
 
     def step_logits(last, pos, cache):
         if step_weights is not None:
-            hidden, cache = decode.step_hidden(model.text, step_weights, cache, last, pos)
+            hidden, cache = decode.step_hidden(model.text, step_weights, cache, last, pos, prefix)
             return decode.step_logits(step_weights, hidden), cache
         step_inputs = ModelInputs(last[:, None], jnp.ones((b, 1), jnp.int32), pos, None, rope_deltas)
-        hidden, cache = model.hidden_states(step_inputs, cache)
+        hidden, cache = model.hidden_states(step_inputs, cache, prefix)
         return model.logits(hidden)[:, 0], _place_cache(cache, mesh, rules)
 
     def cond(carry):

@@ -108,3 +108,47 @@ def test_cudnn_refusal_under_auto_falls_back_and_is_logged_once_per_shape(caplog
         assert attn._cudnn(q, q, q, mask, 0.25, requested="auto") is None
     lines = [r.getMessage() for r in caplog.records if "cuDNN attention refused" in r.getMessage()]
     assert len(lines) == 1 and "q (1, 24, 2, 16) k (1, 24, 2, 16) float32" in lines[0], lines
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_prefix_shared_attention_equals_float64_softmax_over_prefix_then_own_keys(t):
+    """Cascade attention of G rows over one shared prefix + their own keys, against a float64 numpy softmax
+    over each row's concatenated [prefix ; own] keys (the prefix repeated per row, as the copy path holds it)."""
+    rng = np.random.default_rng(3)
+    p, group, sp, s, h, kvh, d = 2, 3, 7, 5, 4, 2, 8
+    b = p * group
+    q = rng.normal(size=(b, t, h, d)).astype(np.float32)
+    k, v = (rng.normal(size=(b, s, kvh, d)).astype(np.float32) for _ in range(2))
+    pk, pv = (rng.normal(size=(p, sp, kvh, d)).astype(np.float32) for _ in range(2))
+    prefix_seg = np.array([[0, 0, 1, 1, 1, 1, 1], [1] * sp], np.int32)  # left padding on the first prompt
+    own_seg = np.zeros((b, s), np.int32)
+    own_seg[:, :t + 1] = 1  # slots written so far: the queries' own and one before
+    q_seg = np.ones((b, t), np.int32)
+    q_pos = np.broadcast_to(1 + np.arange(t), (b, t)).astype(np.int32)
+    kv_pos = np.broadcast_to(np.arange(s), (b, s)).astype(np.int32)
+    got = attn.prefix_shared_attention(q, k, v, pk, pv, q_segment_ids=q_seg, kv_segment_ids=own_seg,
+                                       prefix_segment_ids=prefix_seg, q_positions=q_pos, kv_positions=kv_pos)
+    want = np.zeros((b, t, h, d))
+    for row in range(b):
+        keys = np.concatenate([pk[row // group], k[row]]).astype(np.float64)      # [Sp+S, KVH, D]
+        vals = np.concatenate([pv[row // group], v[row]]).astype(np.float64)
+        for i in range(t):
+            own = (own_seg[row] != 0) & (kv_pos[row] <= q_pos[row, i])
+            visible = np.concatenate([prefix_seg[row // group] != 0, own])
+            for head in range(h):
+                logits = keys[:, head // (h // kvh)] @ q[row, i, head].astype(np.float64) / np.sqrt(d)
+                w = np.exp(logits[visible] - logits[visible].max())
+                want[row, i, head] = (w / w.sum()) @ vals[visible, head // (h // kvh)]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-6)
+
+
+def test_merged_parts_equal_one_softmax_and_a_part_without_keys_weighs_nothing():
+    rng = np.random.default_rng(4)
+    logits = jnp.asarray(rng.normal(size=(3, 9)) * 4, jnp.float32)
+    v = jnp.asarray(rng.normal(size=(3, 9, 5)), jnp.float32)
+    whole = jnp.einsum("ms,msd->md", jax.nn.softmax(logits, axis=-1), v)
+    a = attn.softmax_part(logits[:, None, :4], True, v[:, :4])
+    b = attn.softmax_part(logits[:, None, 4:], True, v[:, 4:])
+    np.testing.assert_allclose(np.asarray(attn.merge_parts(a, b))[:, 0], np.asarray(whole), rtol=1e-5, atol=1e-6)
+    empty = attn.softmax_part(logits[:, None, 4:], False, v[:, 4:])
+    np.testing.assert_allclose(np.asarray(attn.merge_parts(a, empty)), np.asarray(a[0]), rtol=1e-6, atol=1e-7)

@@ -80,3 +80,18 @@ def test_sharded_sampler_decodes_the_unsharded_tokens(checkpoint, layout):
     got = Sampler(model, patch_bucket=64).generate(rows, settings, **image)
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
+
+
+def test_sharded_group_sampling_decodes_the_unsharded_repeated_prompts(checkpoint):
+    """Cascade group decoding on a (1, 2, 4) mesh: 3 prompts x G = 2 (6 rows over the 2 batch shards, the prompt
+    cache's 3 rows not a multiple of them) draws the tokens of the unsharded sampler on the repeated prompts."""
+    d = checkpoint[0]
+    rng = np.random.default_rng(8)
+    prompts = [[int(t) for t in rng.integers(30, ref.VOCAB, n)] for n in (5, 19, 11)]
+    settings = SamplingParams(max_new_tokens=8, temperature=1.0)
+    want = Sampler(params.from_hf(d)).generate([p for p in prompts for _ in range(2)], settings, seed=2)
+    model = params.from_hf(d, mesh=sharding.make_mesh((1, 2, 4)), runtime=RuntimeOptions(decode_layout="stacked"))
+    assert model.runtime.group_decode == "cascade"
+    got = Sampler(model).generate_groups(prompts, 2, settings, seed=2)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)

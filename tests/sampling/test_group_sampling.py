@@ -1,4 +1,5 @@
-"""Shared-prefix group sampling: each prompt prefilled once, G samples decoded from copies of its cache.
+"""Shared-prefix group sampling: each prompt prefilled once, G samples decoded from one copy of its cache
+(cascade attention; group_decode "copy": from G copies of it).
 
 The oracle is the plain sampler on the repeated prompt list (`generate([p0]*G + [p1]*G + ...)`, images
 repeated per copy, same seed). Tokens, lengths and stop flags must be identical; log-probs agree to
@@ -89,6 +90,54 @@ def test_group_of_one_is_generate(sampler):
     got, want = sampler.generate_groups(prompts, 1, sp, seed=3), sampler.generate(prompts, sp, seed=3)
     for a, b in zip(got, want):  # one program: bit for bit
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow  # ~25 s: two programs compile
+def test_copy_group_decode_equals_repeated_prompts(checkpoint):
+    """The old path, kept as group_decode "copy" for the bench's comparison, keeps the same contract."""
+    runtime = RuntimeOptions(decode_layout="per_layer", group_decode="copy")
+    sampler = Sampler(params.from_hf(checkpoint, runtime=runtime), patch_bucket=64)
+    prompts, sp = _text_prompts(12), KNOBS["plain"]
+    got = sampler.generate_groups(prompts, G, sp, seed=5)
+    _assert_same_samples(got, sampler.generate(_repeated(prompts, G), sp, seed=5))
+    assert got.finished.any() and not got.finished.all()
+
+
+def _while_operands(jaxpr) -> list[tuple[int, ...]]:
+    """Returns the shapes of every operand of every while loop in `jaxpr` (nested jaxprs included)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while":
+            found += [tuple(v.aval.shape) for v in eqn.invars]
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(sub, jax_core.ClosedJaxpr):
+                    found += _while_operands(sub.jaxpr)
+                elif isinstance(sub, jax_core.Jaxpr):
+                    found += _while_operands(sub)
+    return found
+
+
+@pytest.mark.parametrize("layout", ["per_layer", "stacked"])
+def test_grouped_rows_never_hold_copies_of_the_prompt_cache(checkpoint, layout):
+    """The decode loop's KV buffers: one prompt cache of P rows and P*G rows of max_new slots (cascade), where
+    the copy path holds P*G rows of prompt + max_new slots. Read from the traced program (nothing compiles)."""
+    cfg = ref.hf_config()
+    kvh, hd = cfg.text_config.num_key_value_heads, cfg.text_config.head_dim
+    prompts, group, sp = _text_prompts(13, (20, 7)), 4, SamplingParams(max_new_tokens=5, temperature=1.0)
+    bucket = 32  # the prompts' length bucket
+
+    def kv_buffers(group_decode):  # (rows, slots) of every KV buffer the decode loop carries
+        runtime = RuntimeOptions(decode_layout=layout, group_decode=group_decode)
+        jaxpr = Sampler(params.from_hf(checkpoint, runtime=runtime)).program(prompts, group, sp).jaxpr.jaxpr
+        shapes = _while_operands(jaxpr)
+        per_layer = {(s[0], s[2]) for s in shapes if len(s) == 4 and (s[1], s[3]) == (kvh, hd)}  # [B, KVH, S, hd]
+        stacked = {(s[1], s[2]) for s in shapes if len(s) == 5 and s[3:] == (kvh, hd)}          # [L, B, S, KVH, hd]
+        return per_layer | stacked
+
+    rows = len(prompts) * group
+    assert kv_buffers("cascade") == {(len(prompts), bucket), (rows, sp.max_new_tokens)}
+    assert kv_buffers("copy") == {(rows, bucket + sp.max_new_tokens)}  # what the check would catch
 
 
 def _dot_rows(jaxpr) -> list[tuple[int, int]]:

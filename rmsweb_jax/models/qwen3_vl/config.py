@@ -18,6 +18,7 @@ SUPPORTED_MODEL_TYPES = ("qwen3_vl",)
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention_out")
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")
 DECODE_LAYOUTS = ("auto", "stacked", "per_layer")
+GROUP_DECODES = ("cascade", "copy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +194,10 @@ class RuntimeOptions:
     # "replicated" use a copy made once per set of weights; "auto": replicated when that copy takes at most a
     # quarter of a device's memory, else tensor (training without a multi-device mesh).
     decode_sharding: str = "auto"
+    # How the sampler decodes G samples of one prompt (Sampler.generate_groups): "cascade" keeps one copy of the
+    # prompt's KV cache that the G rows read together, plus each row's own cache (models/attention.py); "copy"
+    # copies the prompt's cache to the G rows (G reads of it per step; kept for the bench's comparison).
+    group_decode: str = "cascade"
     # The most patches one image (one frame) given to the vision tower may have: its attention then runs
     # over the band of this many patches around each patch, exact and linear in the number of images
     # (models/attention.py). 0: over the whole microbatch, quadratic. A larger image is refused on the host
@@ -207,6 +212,7 @@ class RuntimeOptions:
                  self.decode_layout)
         _require(self.decode_sharding in DECODE_SHARDINGS, "decode_sharding", f"one of {DECODE_SHARDINGS}",
                  self.decode_sharding)
+        _require(self.group_decode in GROUP_DECODES, "group_decode", f"one of {GROUP_DECODES}", self.group_decode)
         _require(self.remat_policy in REMAT_POLICIES, "remat_policy", f"one of {REMAT_POLICIES}", self.remat_policy)
         _require(self.attention_impl in ATTENTION_IMPLS, "attention_impl", f"one of {ATTENTION_IMPLS}",
                  self.attention_impl)

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rmsweb_jax.models.attention import merge_parts, prefix_part, softmax_part
 from rmsweb_jax.models.qwen3_vl.layers import DTYPES, rms_norm
 from rmsweb_jax.models.qwen3_vl.rope import apply_rope, mrope_cos_sin
 from rmsweb_jax.models.qwen3_vl.text import LAYER_PARAMS, KVCache
@@ -115,12 +116,13 @@ def _rows_dot(x: jax.Array, w: jax.Array) -> jax.Array:
     return y.T.astype(x.dtype)
 
 
-def step_hidden(text, weights: StepWeights, cache: StepCache, tokens: jax.Array, position_ids: jax.Array
-                ) -> tuple[jax.Array, StepCache]:
+def step_hidden(text, weights: StepWeights, cache: StepCache, tokens: jax.Array, position_ids: jax.Array,
+                prefix: StepCache | None = None) -> tuple[jax.Array, StepCache]:
     """Returns (final-normed hidden [B, D], updated cache) for one new token per row.
 
     tokens [B] int32; position_ids [3, B, 1] (MRoPE t/h/w of the new token). Every row's new token
-    has segment id 1, like the decode steps of the stacked path.
+    has segment id 1, like the decode steps of the stacked path. `prefix`: a cache of P rows shared by
+    groups of B / P rows (prompt-major), read once per group; `cache` then holds each row's own tokens.
     """
     cfg, dt = text.cfg, DTYPES[text.runtime.compute_dtype]
     b = tokens.shape[0]
@@ -148,9 +150,14 @@ def step_hidden(text, weights: StepWeights, cache: StepCache, tokens: jax.Array,
         # Scores as a multiply-reduce over hd (XLA:CPU's batched dot costs ~5x more for these tiny products).
         prod = qh.astype(jnp.float32)[:, :, :, None, :] * ks[i].astype(jnp.float32)[:, :, None]
         logits = jnp.sum(prod, axis=-1) * scale
-        logits = jnp.where(visible, logits, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-        o = jnp.einsum("bkgs,bksd->bkgd", probs, vs[i].astype(dt)).reshape(b, h * hd)
+        if prefix is None:
+            logits = jnp.where(visible, logits, jnp.finfo(jnp.float32).min)
+            probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+            o = jnp.einsum("bkgs,bksd->bkgd", probs, vs[i].astype(dt)).reshape(b, h * hd)
+        else:
+            own = softmax_part(logits, visible, vs[i].astype(dt))
+            shared = prefix_part(qh.astype(dt), prefix.k[i], prefix.v[i], prefix.segment_ids, scale)
+            o = merge_parts(shared, own).reshape(b, h * hd)
         x = x + _rows_dot(o, p["o"])
         y = rms_norm(x, p["post_attention_norm"], cfg.rms_norm_eps)
         gate, up = jnp.split(_rows_dot(y, p["gate_up"]), 2, axis=-1)

@@ -55,8 +55,10 @@ class Qwen3VL(nnx.Module):
                                 mesh=mesh, rules=rules)
 
     # ---- jittable core -------------------------------------------------------------------------
-    def hidden_states(self, inputs: ModelInputs, cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
-        """Returns (final hidden states [B, L, D], updated cache); vision runs when inputs.vision is set."""
+    def hidden_states(self, inputs: ModelInputs, cache: KVCache | None = None, prefix: KVCache | None = None
+                      ) -> tuple[jax.Array, KVCache | None]:
+        """Returns (final hidden states [B, L, D], updated cache); vision runs when inputs.vision is set. `prefix`:
+        a read-only cache shared by groups of rows, before `cache` (TextDecoder.__call__)."""
         cfg = self.config
         ids = inputs.input_ids
         x = self.text.embed_tokens(ids)
@@ -71,7 +73,7 @@ class Qwen3VL(nnx.Module):
         cos, sin = rope.mrope_cos_sin(inputs.position_ids, head_dim=cfg.text.head_dim, theta=cfg.text.rope_theta,
                                       mrope_section=cfg.text.mrope_section, dtype=x.dtype)
         return self.text(x, segment_ids=inputs.segment_ids, cos=cos, sin=sin, visual_mask=visual_mask,
-                         visual_index=visual_index, deepstack=deepstack, cache=cache)
+                         visual_index=visual_index, deepstack=deepstack, cache=cache, prefix=prefix)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Returns fp32 logits [B, L, V] from hidden states."""

@@ -15,7 +15,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from rmsweb_jax.models import sharding
-from rmsweb_jax.models.attention import attention
+from rmsweb_jax.models.attention import attention, prefix_shared_attention
 from rmsweb_jax.models.qwen3_vl.config import RuntimeOptions, TextConfig
 from rmsweb_jax.models.qwen3_vl.layers import DTYPES, dense, param, remat, rms_norm, run_layers, values
 from rmsweb_jax.models.qwen3_vl.rope import apply_rope
@@ -81,7 +81,7 @@ class TextDecoder(nnx.Module):
 
     def __call__(self, x: jax.Array, *, segment_ids: jax.Array, cos: jax.Array, sin: jax.Array,
                  visual_mask: jax.Array | None = None, visual_index: jax.Array | None = None,
-                 deepstack: jax.Array | None = None, cache: KVCache | None = None
+                 deepstack: jax.Array | None = None, cache: KVCache | None = None, prefix: KVCache | None = None
                  ) -> tuple[jax.Array, KVCache | None]:
         """Returns (final-normed hidden [B, T, D], updated cache) for input embeddings x [B, T, D].
 
@@ -101,7 +101,7 @@ class TextDecoder(nnx.Module):
             kv_seg, q_pos, kv_pos = segment_ids, None, None
 
         def layer(h, xs):
-            p, i, ck, cv = xs
+            p, i, ck, cv, pk, pv = xs
             y = rms_norm(h, p["input_norm"], cfg.rms_norm_eps)
             q = dense(y, p["q_kernel"].astype(dt))
             k = dense(y, p["k_kernel"].astype(dt))
@@ -116,9 +116,14 @@ class TextDecoder(nnx.Module):
                 # decode while_loop) instead of being threaded through the scan carry.
                 k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0)).astype(dt)
                 v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0)).astype(dt)
-            o = attention(q, k, v, q_segment_ids=segment_ids, kv_segment_ids=kv_seg, causal=True,
-                          q_positions=q_pos, kv_positions=kv_pos, impl=self.runtime.attention_impl, mesh=self.mesh,
-                          rules=self.rules)
+            if pk is not None:
+                o = prefix_shared_attention(q, k, v, pk.astype(dt), pv.astype(dt), q_segment_ids=segment_ids,
+                                            kv_segment_ids=kv_seg, prefix_segment_ids=prefix.segment_ids,
+                                            q_positions=q_pos, kv_positions=kv_pos)
+            else:
+                o = attention(q, k, v, q_segment_ids=segment_ids, kv_segment_ids=kv_seg, causal=True,
+                              q_positions=q_pos, kv_positions=kv_pos, impl=self.runtime.attention_impl,
+                              mesh=self.mesh, rules=self.rules)
             o = checkpoint_name(o, "attention_out")
             h = h + dense(o, p["o_kernel"].astype(dt), n_in=2)
             y = rms_norm(h, p["post_attention_norm"], cfg.rms_norm_eps)
@@ -134,7 +139,8 @@ class TextDecoder(nnx.Module):
 
         body = remat(layer, self.runtime.remat_policy)
         ck, cv = (cache.k, cache.v) if cache is not None else (None, None)
-        xs = (values(self, LAYER_PARAMS), jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), ck, cv)
+        pk, pv = (prefix.k, prefix.v) if prefix is not None else (None, None)
+        xs = (values(self, LAYER_PARAMS), jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), ck, cv, pk, pv)
         x, new_kv = run_layers(body, x, xs, scan=self.runtime.scan_layers)
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         if cache is None:

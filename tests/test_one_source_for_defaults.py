@@ -51,8 +51,9 @@ def test_settings_classes_take_no_defaults(cls):
 @pytest.mark.parametrize("cls,block", [(c, b) for c, b in SETTINGS.items() if b], ids=lambda x: getattr(x, "__name__", x))
 def test_settings_read_every_field_from_their_block(cls, block):
     keys = set(_block(block).keys())
-    # store_dir: "" = the workdir's store; progress_label: which stage plays (from_config sets collect's)
-    assert {f.name for f in dataclasses.fields(cls)} - {"store_dir", "progress_label"} <= keys
+    # store_dir: "" = the workdir's store; progress_label: which stage plays (from_config sets collect's);
+    # replay: the recordings eval.replay plays from (from_config: none)
+    assert {f.name for f in dataclasses.fields(cls)} - {"store_dir", "progress_label", "replay"} <= keys
     cls.from_config(_block(block), **({"workdir": "/w"} if cls is SFTDataConfig else {}))  # the defaults are valid
 
 

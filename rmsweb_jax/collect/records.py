@@ -47,6 +47,8 @@ TrajectoryRecord (kind "trajectory") — one attempt of one task:
 | policy, judge | str | names of the policy and judge |
 | prompt_tokens, completion_tokens, parse_errors | int | sums over this attempt's steps |
 | steps_shard, steps_start | str, int | where the steps are: shard file name, first position (set on commit) |
+| recording | dict/None | collect.record "har": the episode's recording in the store's recordings/ (web/recording.py Recording: har, state, sha256, bytes, started_ms); absent in stores written before |
+| off_record | str/None | a replayed episode (eval.replay): the first URL its recording did not hold; such an episode is neither a success nor a failure |
 
 `reward` is MiniWoB++'s raw page reward (WOB_RAW_REWARD_GLOBAL, no time discount), which is
 partial on some pages (click-checkboxes: (#right - #wrong) / n); `success` is what the judge
@@ -194,6 +196,8 @@ class TrajectoryRecord:
     parse_errors: int = 0
     steps_shard: str = ""
     steps_start: int = 0
+    recording: dict[str, Any] | None = None
+    off_record: str | None = None
 
     @property
     def key(self) -> tuple[str, int]:

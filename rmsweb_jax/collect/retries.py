@@ -57,14 +57,18 @@ from rmsweb_jax.agents.policy import Policy, PolicyOutput, ReflectionRequest
 from rmsweb_jax.collect.adapter import AttemptSpec, PolicyBridge, split_turn
 from rmsweb_jax.collect.records import FAULT_JUDGE, StepRecord, TrajectoryRecord, request_id, task_key
 from rmsweb_jax.collect.store import PLAIN, RETRY_MODES, StoreWriter, check_policy
+from rmsweb_jax.collect.store_layout import RECORDINGS
 from rmsweb_jax.config_block import block_fields
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.judges.base import ERROR, Judge, JudgeInput, Verdict
 from rmsweb_jax.web.episode import Episode, EpisodeRequest
 from rmsweb_jax.web.loop_thread import run_sync
 from rmsweb_jax.web.pool import AsyncWorkerPool
+from rmsweb_jax.web.recording import RECORD, REPLAY, Tape
 from rmsweb_jax.web.suite import Suite
 from rmsweb_jax.web.worker import WorkerConfig
+
+RECORD_MODES = ("", "har")
 
 # Queue priorities: retries of open groups first, then new tasks, then the workers' stop signal.
 _RETRY, _NEW, _STOP = 0, 1, 2
@@ -124,8 +128,10 @@ class CollectSettings:
     pool_max_attempts: int  # runs of an episode the browser pool makes when browsers crash
     fault_reruns: int  # then whole reruns of the attempt (same number, never a retry)
     progress: bool
+    record: str  # RECORD_MODES: "har" records every episode into the store's recordings/
     progress_label: str  # the progress bar's name: not a config field (from_config: "collect"; eval and
                          # mine's rollouts, which play through this loop too, replace it with their stage's)
+    replay: str  # not a config field: eval.replay's recordings folder ("" = play live; from_config: "")
 
     def __post_init__(self):
         if self.retry_mode not in RETRY_MODES:
@@ -134,6 +140,12 @@ class CollectSettings:
                           ("fault_reruns", 0)):
             if getattr(self, name) < low:
                 raise UserError(f"config.collect.{name} must be >= {low}, got {getattr(self, name)!r}")
+        if self.record not in RECORD_MODES:
+            raise UserError(f"config.collect.record = {self.record!r}: expected '' (no recording) or 'har' (each "
+                            "episode's traffic, storage and clock recorded into the store, for eval.replay)")
+        if self.record and self.replay:
+            raise UserError(f"config.collect.record = {self.record!r} with eval.replay: a replay serves every request "
+                            "from its recording; record live runs only")
         if self.step_timeout_s <= 0 or self.batch_window_s < 0:
             raise UserError(f"config.collect.step_timeout_s = {self.step_timeout_s!r} must be > 0 and "
                             f"batch_window_s = {self.batch_window_s!r} >= 0")
@@ -142,12 +154,15 @@ class CollectSettings:
     def from_config(cls, collect) -> "CollectSettings":
         """Returns the collect stage's settings of a config.collect-shaped block (each field read under its own
         name; the progress bar named "collect")."""
-        return cls(**{**block_fields(cls, collect, "config.collect", optional=("progress_label",)),
-                      "progress_label": "collect"})
+        return cls(**{**block_fields(cls, collect, "config.collect", optional=("progress_label", "replay")),
+                      "progress_label": "collect", "replay": ""})
 
-    def worker_config(self) -> WorkerConfig:
-        """Returns the browser workers' settings."""
-        return WorkerConfig(step_timeout_s=self.step_timeout_s)
+    def worker_config(self, store_dir) -> WorkerConfig:
+        """Returns the browser workers' settings: recording into store_dir/recordings (record "har"), or
+        replaying from the `replay` folder."""
+        tape = (Tape(RECORD, str(store_dir / RECORDINGS)) if self.record else
+                Tape(REPLAY, self.replay) if self.replay else None)
+        return WorkerConfig(step_timeout_s=self.step_timeout_s, tape=tape)
 
 
 class RetryCollector:
@@ -162,11 +177,14 @@ class RetryCollector:
     def __init__(self, suite: Suite, policy: Policy, judge: Judge, store: StoreWriter, settings: CollectSettings):
         check_policy(store.directory, store.meta, policy.name)  # one store, one policy (see store.py)
         store.claim_retry_mode(settings.retry_mode)  # one store, one retry mode; raises StoreError for another
+        if settings.record and store.remote:
+            raise UserError(f"config.collect.record = {settings.record!r} into the bucket store {store.remote}: "
+                            "recordings are written to local stores only; collect into a local store_dir and copy it")
         self.settings = settings
         self.retry_mode = settings.retry_mode
         self.suite, self.policy, self.judge, self.store = suite, policy, judge, store
         self.attempts, self.workers, self.max_steps = settings.attempts, settings.workers, settings.max_steps
-        self.worker_config = settings.worker_config()
+        self.worker_config = settings.worker_config(store.directory)
         self.pool_max_attempts, self.fault_reruns = settings.pool_max_attempts, settings.fault_reruns
         self.progress = settings.progress
         self.pool: AsyncWorkerPool | None = None  # the browser pool while run() is in progress
@@ -382,4 +400,5 @@ def _trajectory_record(group: _Group, attempt: int, episode: Episode, steps: lis
         final_answer=final_answer, wall_s=episode.wall_s, finished_at=time.time(), policy=policy,
         judge=verdict.judge or judge, prompt_tokens=sum(s.prompt_tokens for s in steps),
         completion_tokens=sum(s.completion_tokens for s in steps),
-        parse_errors=sum(s.parse_error is not None for s in steps))
+        parse_errors=sum(s.parse_error is not None for s in steps), recording=episode.recording,
+        off_record=episode.off_record)

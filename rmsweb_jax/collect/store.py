@@ -44,7 +44,7 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 
 from rmsweb_jax.collect.records import SCHEMA_VERSION, StepRecord, TrajectoryRecord
 from rmsweb_jax.collect.store_layout import (
-    LAYOUT, STEPS, STORE_FILE, STORE_FORMAT, TMP_PREFIX, TRAJECTORIES, Flush, StoreError, close_failed, describe,
+    LAYOUT, RECORDINGS, STEPS, STORE_FILE, STORE_FORMAT, TMP_PREFIX, TRAJECTORIES, Flush, StoreError, close_failed, describe,
     find_damage, load_flushes, lock_store, marker_name, open_reader, orphan_files, parse_shard_name, pull_store,
     push_store, read_meta, repair_hint, shard_name, used_seqs, write_atomic)
 from rmsweb_jax import storage
@@ -328,7 +328,10 @@ class StoreWriter(TrajectoryStore):
                 steps.extend(traj_steps)
         steps_info = _write_shard(self.directory / steps_name, (s.to_bytes() for s in steps)) if steps else None
         traj_info = _write_shard(self.directory / shard_name(TRAJECTORIES, seq), (t.to_bytes() for t in trajectories))
-        flush = Flush(seq, traj_info, steps_info, tuple(group[0][0].key for group in self._buffer))
+        recordings = tuple({"file": f"{RECORDINGS}/{t.recording['har']}", "bytes": t.recording["bytes"],
+                            "sha256": t.recording["sha256"]} for t in trajectories if t.recording)
+        flush = Flush(seq, traj_info, steps_info, tuple(group[0][0].key for group in self._buffer),
+                      recordings=recordings)
         _write_json(self.directory / marker_name(seq), flush.to_json())  # the commit
         if self.remote:  # the marker last: on the bucket too it commits the flush
             storage.push_files(self.directory, self.remote, [*([steps_name] if steps else []),

@@ -41,6 +41,7 @@ STEPS, TRAJECTORIES, FLUSH = "steps", "trajectories", "flush"
 SUFFIX, MARKER_SUFFIX = ".arrayrecord", ".json"
 TMP_PREFIX = ".tmp-"
 QUARANTINE = "quarantine"
+RECORDINGS = "recordings"  # recorded episodes (collect.record "har", web/recording.py); their sha256 in the markers
 _SHARD = re.compile(rf"^({STEPS}|{TRAJECTORIES})-(\d{{6}}){re.escape(SUFFIX)}$")
 _MARKER = re.compile(rf"^{FLUSH}-(\d{{6}}){re.escape(MARKER_SUFFIX)}$")
 
@@ -89,6 +90,7 @@ class Flush:
     steps: dict[str, Any] | None
     task_groups: tuple[tuple[str, int], ...]
     marker: bool = True
+    recordings: tuple[dict[str, Any], ...] = ()  # {"file", "bytes", "sha256"} of each HAR its attempts recorded
 
     def files(self) -> list[str]:
         """Returns the flush's file names: shards, then the marker (the order a repair moves them)."""
@@ -96,8 +98,11 @@ class Flush:
         return shards + ([marker_name(self.seq)] if self.marker else [])
 
     def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, TRAJECTORIES: self.trajectories, STEPS: self.steps,
-                "task_groups": [list(k) for k in self.task_groups]}
+        out = {"seq": self.seq, TRAJECTORIES: self.trajectories, STEPS: self.steps,
+               "task_groups": [list(k) for k in self.task_groups]}
+        if self.recordings:  # the HARs' sha256, the store's manifest of its recordings (collect.record)
+            out["recordings"] = list(self.recordings)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,15 +54,18 @@ SUCCESS_MEANING = ("the task solved on its one attempt: for the programmatic jud
 ALL = "(all)"  # the overall group in the success-by-task plot
 
 
-def read_episodes(store_dir: str | os.PathLike, pairs: Iterable[tuple[str, int]] | None
+def read_episodes(store_dir: str | os.PathLike, pairs: Iterable[tuple[str, int]] | None, *, off_record: bool = False
                   ) -> dict[tuple[str, int], TrajectoryRecord]:
     """Returns {(task id, seed): first attempt} for the pairs (None: every pair) in the store at
-    `store_dir`. Raises StoreError when a programmatic verdict in them is not the "solved" rule's."""
+    `store_dir`: those played on record, or with `off_record` those a replay refused a request of (they
+    are neither a success nor a failure of the policy, and are counted apart). Raises StoreError when a
+    programmatic verdict in them is not the "solved" rule's."""
     wanted = None if pairs is None else {(str(t), int(s)) for t, s in pairs}
     with TrajectoryStore(store_dir) as store:
         groups = store.groups()
     episodes = {key: group[0] for key, group in sorted(groups.items())
-                if (wanted is None or key in wanted) and group[0].attempt == 1}
+                if (wanted is None or key in wanted) and group[0].attempt == 1
+                and bool(group[0].off_record) == off_record}
     check_store_success_rule(episodes.values(), SOLVED, store_dir)
     return episodes
 
@@ -97,6 +100,11 @@ def _apart(episodes: Iterable[TrajectoryRecord]) -> list[dict[str, Any]]:
 
 def _policy_figures(store_dir: str | os.PathLike, episodes: Mapping[tuple[str, int], TrajectoryRecord],
                     pairs: set[tuple[str, int]] | None, *, bootstrap_samples: int, seed: int) -> dict[str, Any]:
+    off = read_episodes(store_dir, pairs, off_record=True)
+    if not episodes and off:
+        raise StoreError(f"every episode in the store at {store_dir} went off its recording ({len(off)}, e.g. "
+                         f"{next(iter(off.values())).off_record}): nothing to count; replay a policy that acts as "
+                         "the recorded one did, or evaluate live")
     if not episodes:
         raise StoreError(f"the store at {store_dir} holds no first attempt of the {len(pairs or ())} evaluation "
                          f"pairs (e.g. {sorted(pairs or [])[:3]}); play them into it first")
@@ -108,8 +116,10 @@ def _policy_figures(store_dir: str | os.PathLike, episodes: Mapping[tuple[str, i
         {task: [float(t.success) for t in eps] for task, eps in by_task.items()},
         samples=bootstrap_samples, seed=seed, level=LEVEL))
     planned = set() if pairs is None else {(str(t), int(s)) for t, s in pairs}
-    return {"overall": overall, "tasks": {task: _figures(eps) for task, eps in by_task.items()},
-            "apart": _apart(episodes.values()), "missing": sorted(planned - set(episodes)),
+    overall["off_record"] = len(off)
+    return {"off_record": [{"task": t.task_id, "seed": t.seed, "url": t.off_record} for t in off.values()],
+            "missing": sorted(planned - set(episodes) - set(off)), "overall": overall, "tasks": {task: _figures(eps) for task, eps in by_task.items()},
+            "apart": _apart(episodes.values()),
             "policy_names": sorted({t.policy for t in episodes.values()}),
             "judges": sorted({t.verdict.judge for t in episodes.values() if t.verdict.judge != FAULT_JUDGE})}
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 from rmsweb_jax.agents.from_config import api_key, endpoint
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.judges import JUDGES, LLM_JUDGES, chat_from_client, make_judge
+from rmsweb_jax.judges.cache import cached_chat
 from rmsweb_jax.suites.from_config import LIVE_SUITES, SUITES
 from rmsweb_jax.suites.success_rule import check_success_rule
+
+# How every LLM judge of a config samples its endpoint; part of a cached reply's key (judges/cache.py).
+JUDGE_SAMPLING = {"max_tokens": 1024, "temperature": 0.0}
 
 # The judge each benchmark's published numbers use; collect.judge = "<base_url>#<model>" picks it.
 OFFICIAL_JUDGES = {"miniwob": "programmatic", "webvoyager": "webvoyager", "online_mind2web": "webjudge",
@@ -51,10 +55,11 @@ def judge_spec(cfg) -> tuple[str, str | None]:
     return name, None
 
 
-def judge_from_config(cfg):
+def judge_from_config(cfg, cache=None):
     """Returns the judge of collect.judge (see judge_spec): the programmatic one under
     collect.success, or an LLM judge over its endpoint, with collect.judge_api_key_env's key and
-    collect.judge_screenshots as its screenshot budget."""
+    collect.judge_screenshots as its screenshot budget; with `cache` (a JudgeCache) the LLM judge's
+    replies come from it when the same request was asked before (judges/cache.py)."""
     name, url = judge_spec(cfg)
     if url is None:  # the programmatic judge: the reward under collect.success decides
         return make_judge(name, success=check_success_rule(cfg.success, "collect.success"))
@@ -66,4 +71,7 @@ def judge_from_config(cfg):
         options["max_images" if name == "webjudge" else "max_screenshots"] = int(shots)
     key = api_key(cfg.judge_api_key_env, "collect.judge_api_key_env")
     client = ChatClient(base_url, model, api_key=key, max_concurrency=max(cfg.workers, 8))
-    return make_judge(name, chat_from_client(client), **options)
+    chat = chat_from_client(client, **JUDGE_SAMPLING)
+    if cache is not None:
+        chat = cached_chat(chat, cache, {"model": model, **JUDGE_SAMPLING})
+    return make_judge(name, chat, **options)

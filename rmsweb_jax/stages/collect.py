@@ -40,6 +40,7 @@ from rmsweb_jax.collect.retries import CollectSettings, RetryCollector
 from rmsweb_jax.collect.store import RETRY_MODES, StoreWriter
 from rmsweb_jax.collect.store_provenance import policy_provenance
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.judges.cache import CACHE_DIR, JudgeCache
 from rmsweb_jax.judges.from_config import judge_from_config, judge_spec
 from rmsweb_jax.stages.manifest import COLLECT_RUNTIME, MODEL_LOADING
 from rmsweb_jax.suites.from_config import LIVE_SUITES, SUITES, live_tasks, miniwob_tasks, suite_from_config
@@ -118,7 +119,8 @@ def run(config, workdir: pathlib.Path) -> dict:
         make_policy(config, workdir, [])  # raises: the teacher only knows MiniWoB++
     tasks = collect_tasks(cfg)
     seeds = list(range(cfg.first_seed, cfg.first_seed + cfg.num_seeds))
-    judge = judge_from_config(cfg)
+    # collect.record: the LLM judge's replies are cached in the store too, so a replay is judged without it
+    judge = judge_from_config(cfg, cache=JudgeCache(store_dir / CACHE_DIR) if cfg.record else None)
     _check_judge_fits(judge_name, tasks, cfg)
     policy = make_policy(config, workdir, [t.id for t in tasks])
     if cfg.policy == "teacher":

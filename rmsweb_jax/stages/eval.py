@@ -53,15 +53,18 @@ from rmsweb_jax.agents.from_config import PolicySettings, build_policy
 from rmsweb_jax.agents.teacher import SOLVED_TASKS
 from rmsweb_jax.collect.retries import CollectSettings, RetryCollector
 from rmsweb_jax.collect.store import REFLECTION, StoreWriter, TrajectoryStore
-from rmsweb_jax.collect.store_layout import STORE_FILE
+from rmsweb_jax.collect.store_layout import RECORDINGS, STORE_FILE
 from rmsweb_jax.collect.store_provenance import policy_provenance
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.evaluate import host_shares, report as eval_report
 from rmsweb_jax.evaluate.viewer import write_viewer
+from rmsweb_jax.judges.cache import CACHE_DIR, JudgeCache
 from rmsweb_jax.judges.from_config import judge_from_config, judge_spec
 from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import COLLECT_RUNTIME, MODEL_LOADING
 from rmsweb_jax.suites.from_config import live_tasks, miniwob_tasks, suite_from_config
+from rmsweb_jax.suites.task import Task
+from rmsweb_jax.web.recording import DamagedRecording, Recording, check_recording
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # The collect store for the seed check unless eval.training_store names another (or "none"); sft's / salvage's
@@ -258,6 +261,8 @@ def episode_settings(config, env, entry: PolicyEntry) -> dict:
     judge, endpoint = judge_spec(env)
     out = {"suite": env.suite, "max_steps": config.eval.max_steps, "judge": judge, "judge_endpoint": endpoint,
            "success": env.success, "episode_time_limit_s": env.episode_time_limit_s}
+    if config.eval.replay:  # a replay's episodes are not a live run's
+        out["replay"] = config.eval.replay
     if entry.is_model:
         out.update(max_new_tokens=config.eval.max_new_tokens, temperature=config.eval.temperature,
                    prompt=config.prompt.to_dict())
@@ -279,21 +284,23 @@ def check_settings(directory: pathlib.Path, settings: dict) -> None:
     storage.write_text_atomic(path, json.dumps(settings, indent=2, sort_keys=True))
 
 
-def play(env, policy, judge, store_dir: pathlib.Path, tasks: list, seeds: list[int], *, max_steps: int,
-         batch_window_s: float):
-    """Returns the CollectSummary of `policy` playing tasks x seeds, one attempt each, into the store
-    at store_dir (through RetryCollector, so exactly as the collect stage plays; pairs already in
-    the store are skipped). env is a config.collect-shaped block (workers, timeouts, suite);
-    batch_window_s how long a policy batch waits for more workers' steps.
+def play(env, policy, judge, store_dir: pathlib.Path, pairs: list[tuple], *, max_steps: int,
+         batch_window_s: float, replay: str):
+    """Returns the CollectSummary of `policy` playing the (task, seed) pairs, one attempt each, into the
+    store at store_dir (through RetryCollector, so exactly as the collect stage plays; pairs already in
+    the store are skipped). env is a config.collect-shaped block (workers, timeouts, suite, record);
+    batch_window_s how long a policy batch waits for more workers' steps; `replay` the recordings
+    folder every request is served from ("" = the live pages).
 
     With several processes each plays its share of the pairs into its own part store and process 0
     merges the parts into store_dir (evaluate/host_shares.py); the summary is this process's."""
-    target, pairs = host_shares.this_hosts_share(store_dir, [(t, s) for t in tasks for s in seeds])
+    target, pairs = host_shares.this_hosts_share(store_dir, pairs)
     with suite_from_config(env) as suite, StoreWriter(target, flush_every_tasks=env.flush_every_tasks,
                                                flush_every_s=env.flush_every_s, policy=policy.name,
                                                provenance=policy_provenance(policy)) as store:
         settings = dataclasses.replace(CollectSettings.from_config(env), attempts=1, retry_mode=REFLECTION,
-                                       max_steps=max_steps, batch_window_s=batch_window_s, progress_label="eval")
+                                       max_steps=max_steps, batch_window_s=batch_window_s, progress_label="eval",
+                                       replay=replay)
         summary = RetryCollector(suite, policy, judge, store, settings).run_pairs(pairs)
     host_shares.merge_when_played(store_dir, "eval")
     return summary
@@ -331,8 +338,37 @@ def check_config(config, workdir) -> None:
     _check_fields(config.eval)
     env = environment(config)
     judge_spec(env)
-    CollectSettings.from_config(env)
+    settings = CollectSettings.from_config(env)
+    if config.eval.replay and settings.record:
+        raise UserError(f"eval.replay {config.eval.replay!r} with collect.record = {settings.record!r}: a replay serves "
+                        "every request from its recordings; set collect.record='' to replay")
     policy_settings(config, env)
+
+
+def replay_pairs(store_dir) -> tuple[pathlib.Path, list[tuple[Task, int]]]:
+    """Returns (the recordings folder, the recorded (task, seed) pairs) of the store eval.replay names: each task
+    group's first attempt, its recording checked against the sha256 the store recorded. Raises UserError naming
+    the store when it holds no recorded episode, or the file when a recording is missing or damaged."""
+    store_dir = storage.as_path(store_dir)
+    if not (store_dir / STORE_FILE).is_file():
+        raise UserError(f"eval.replay: no trajectory store at {store_dir} ({STORE_FILE} missing); name a store "
+                        "recorded with --config.collect.record=har")
+    recordings = store_dir / RECORDINGS
+    pairs = []
+    with TrajectoryStore(store_dir) as store:
+        for key, group in sorted(store.groups().items()):
+            first = group[0]
+            if first.attempt != 1 or not first.recording:
+                continue
+            try:
+                check_recording(recordings, Recording.from_dict(first.recording))
+            except DamagedRecording as e:
+                raise UserError(f"eval.replay: {e}") from None
+            pairs.append((Task.from_dict(first.task), first.seed))
+    if not pairs:
+        raise UserError(f"eval.replay: the store at {store_dir} holds no recorded episode; record one with "
+                        "--config.collect.record=har")
+    return recordings, pairs
 
 
 def run(config, workdir: pathlib.Path) -> dict:
@@ -352,9 +388,14 @@ def run(config, workdir: pathlib.Path) -> dict:
     devices = jax.local_devices() if jax.process_count() > 1 else None
     env = environment(config)
     judge = judge_from_config(env)
-    tasks = eval_tasks(env, entries)
-    seeds = list(range(ev.first_seed, ev.first_seed + ev.num_seeds))
-    pairs = [(t.id, s) for t in tasks for s in seeds]
+    if ev.replay:  # the recorded task groups, every request served from their recordings
+        recordings, played = replay_pairs(ev.replay)
+        tasks, seeds = list({t.id: t for t, _ in played}.values()), sorted({s for _, s in played})
+    else:
+        recordings, tasks = None, eval_tasks(env, entries)
+        seeds = list(range(ev.first_seed, ev.first_seed + ev.num_seeds))
+        played = [(t, s) for t in tasks for s in seeds]
+    pairs = [(t.id, s) for t, s in played]
     check_training_seeds(config, workdir, pairs, env.suite)
     settings = policy_settings(config, env)
     if env.suite != "miniwob" and any(e.spec == "teacher" for e in entries):
@@ -363,6 +404,9 @@ def run(config, workdir: pathlib.Path) -> dict:
         print(f"[eval] live sites cannot be seeded: each of the {len(seeds)} seeds is one more independent run")
     print(f"[eval] {len(entries)} policies x {len(tasks)} tasks x seeds {seeds[0]}..{seeds[-1]}, one attempt, "
           f"max {ev.max_steps} steps, {env.workers} workers, judge {judge.name}, success solved; in {out_dir}")
+    if recordings is not None:
+        print(f"[eval] replaying {len(played)} recorded episodes offline from {recordings} (a request the recording "
+              "lacks is refused and its episode reported off_record, apart from the figures)")
 
     policies, seconds = [], {"play": 0.0, "report": 0.0, "viewer": 0.0}
     started = time.perf_counter()
@@ -380,8 +424,12 @@ def run(config, workdir: pathlib.Path) -> dict:
             # The scripted teacher answers each step alone: a batch window would only delay it (~10% of
             # the wall time at collect.batch_window_s = 20 ms, bench/eval_throughput.py).
             window = env.batch_window_s if entry.is_model else 0.0
-            summary = play(env, policy, judge, directory / "store", tasks, seeds, max_steps=ev.max_steps,
-                           batch_window_s=window)
+            if env.record or recordings is not None:  # judge replies cached in the store (judges/cache.py)
+                cache = JudgeCache(directory / "store" / CACHE_DIR,
+                                   read_also=() if recordings is None else (recordings.parent / CACHE_DIR,))
+                judge = judge_from_config(env, cache=cache)
+            summary = play(env, policy, judge, directory / "store", played, max_steps=ev.max_steps,
+                           batch_window_s=window, replay="" if recordings is None else str(recordings))
         finally:
             policy.close()
         policies.append({"id": policy_id, "label": entry.label, "store_dir": str(directory / "store")})
@@ -390,7 +438,8 @@ def run(config, workdir: pathlib.Path) -> dict:
         print(f"[eval] {policy_id}: {overall['solved']}/{overall['episodes']} solved = {_pct(overall['success'])} "
               f"(95% CI Wilson {_ci(overall['ci95'])}, task-clustered bootstrap {_ci(overall['ci95_bootstrap'])}); "
               f"this run played {summary.collected} task groups, {summary.skipped} were stored already, "
-              f"{summary.wall_s:.1f} s")
+              f"{summary.wall_s:.1f} s" + (f"; {overall['off_record']} went off their recording (not counted)"
+                                           if overall["off_record"] else ""))
 
     seconds["play"] = time.perf_counter() - started
     started = time.perf_counter()

@@ -16,6 +16,10 @@ What replay cannot reproduce: randomness the clock does not fix (`Math.random`, 
 (`performance.now()`, animations, the order in which responses arrive), WebSocket and WebRTC traffic
 (the HAR holds HTTP only), and server state a POST changed (the HAR answers each request as it was
 answered once). A page that asks for something different because of these is off_record with its URL.
+
+A suite that serves its own pages (MiniWoB++) does so on a new port each run: the recording keeps the
+suite's origin, and a replay under another origin serves the HAR with the old origin replaced by the new
+one (a copy beside the original; the original and its sha256 stay as recorded).
 """
 from __future__ import annotations
 
@@ -126,8 +130,9 @@ class TapeSession:
         await session.finish(context)          # closes the context; returns the Recording (record)
     """
 
-    def __init__(self, tape: Tape, request_id: str):
+    def __init__(self, tape: Tape, request_id: str, suite_origin: str | None = None):
         self.tape = tape
+        self.suite_origin = suite_origin  # where the suite serves its own pages this run (None: it serves none)
         self.directory = pathlib.Path(tape.directory)
         self.name = tape_name(request_id)
         self.har = self.directory / f"{self.name}.har"
@@ -140,6 +145,11 @@ class TapeSession:
             read_har(self.har)
             state = json.loads(self.state_path.read_text())
             self.started_ms, self.storage_start = state["started_ms"], state["storage_start"]
+            recorded_origin = state["suite_origin"]
+            if recorded_origin and suite_origin and recorded_origin != suite_origin:
+                moved = self.directory / f".{self.name}-{_netloc(suite_origin)}.har"
+                moved.write_text(self.har.read_text().replace(_netloc(recorded_origin), _netloc(suite_origin)))
+                self.har = moved
         else:
             self.directory.mkdir(parents=True, exist_ok=True)
             self.started_ms, self.storage_start = round(time.time() * 1000), None
@@ -171,6 +181,10 @@ class TapeSession:
         if self.tape.mode == REPLAY:
             return None
         self.state_path.write_text(json.dumps({"started_ms": self.started_ms, "storage_start": self.storage_start,
-                                               "storage_end": storage_end}))
+                                               "storage_end": storage_end, "suite_origin": self.suite_origin}))
         return Recording(har=self.har.name, state=self.state_path.name, sha256=file_sha256(self.har),
                          bytes=self.har.stat().st_size, started_ms=self.started_ms)
+
+
+def _netloc(origin: str) -> str:
+    return origin.split("://", 1)[-1].rstrip("/")

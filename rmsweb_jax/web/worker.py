@@ -181,7 +181,9 @@ class BrowserWorker:
         """
         self._episode = None
         if self.config.tape is not None:
-            self._tape = TapeSession(self.config.tape, request_id or f"{_task_id(task)}#{seed}")
+            # A suite serving its own pages (MiniWoB++: base_url) moves to a new port each run (web/recording.py).
+            self._tape = TapeSession(self.config.tape, request_id or f"{_task_id(task)}#{seed}",
+                                     getattr(self.suite, "base_url", None))
         return await self._guarded(self._reset(task, seed), self.config.reset_timeout_s, f"reset of {_task_id(task)}")
 
     async def finish_tape(self) -> tuple[Recording | None, str | None]:

@@ -15,9 +15,11 @@ from tests.web.recorded_site import RecordedSite, SiteSuite, site_policy
 pytestmark = pytest.mark.browser
 
 
-def run(loop, tape: Tape, task, policy, max_steps: int = 20):
+def run(loop, tape: Tape, task, policy, max_steps: int = 20, base_url: str | None = None):
     async def go():
         suite = SiteSuite(viewport=(640, 480), settle_s=0.05)
+        if base_url is not None:  # a suite serving its own pages, as MiniWoB++'s does
+            suite.base_url = base_url
         async with AsyncWorkerPool(suite, 1, WorkerConfig(step_timeout_s=10, tape=tape), max_attempts=1) as pool:
             return await pool.run_episode(0, EpisodeRequest(task, seed=0, max_steps=max_steps), policy)
     return loop.run(go(), 120)
@@ -85,3 +87,16 @@ def test_damaged_recording_is_named(loop, tmp_path):
     har.write_bytes(b'{"log": ')
     with pytest.raises(DamagedRecording, match=f"{har} is not a readable HAR"):
         run(loop, Tape(REPLAY, str(tapes)), task, site_policy())
+
+
+def test_replay_follows_a_suite_that_serves_its_pages_on_a_new_port(loop, tmp_path):
+    tapes = tmp_path / "tapes"
+    with RecordedSite() as site:
+        recorded = run(loop, Tape(RECORD, str(tapes)), site.task(), site_policy(), base_url=f"http://{site.netloc}/")
+    with RecordedSite() as other:  # another port; the first site is down
+        moved = dataclasses.replace(other.task(), id=recorded.request.task.id)
+        netloc = other.netloc
+    replayed = run(loop, Tape(REPLAY, str(tapes)), moved, site_policy(), base_url=f"http://{netloc}/")
+    assert replayed.complete and replayed.off_record is None and replayed.success, (replayed.faults, replayed.off_record)
+    assert [o.url for o in acted_on(replayed)] == [o.url.replace(recorded.request.task.start_url, moved.start_url)
+                                                   for o in acted_on(recorded)]

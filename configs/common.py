@@ -111,6 +111,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.collect.viewer = False              # True: also write the trajectory viewer <workdir>/collect_viewer/index.html
                                           # (static HTML; copies every screenshot of the store)
 
+    # Where the browsers run (rmsweb_jax/web/): collect, eval and their retry loop.
+    c.web = ml_collections.ConfigDict()
+    c.web.cdp_endpoint = ""               # comma-separated remote Chromiums driven over CDP (ws://host:port/devtools/
+                                          # browser/<id>, or http://host:port to follow a restarted browser), spread
+                                          # over collect.workers; "" = launch Debian's Chromium locally
+
     # Stage "eval": policies played closed loop, one attempt each, on seeds disjoint from the training store;
     # success (solved) with intervals, paired comparisons, cost, plots (rmsweb_jax/stages/eval.py). The suite,
     # judge, workers, time limits and viewport come from c.collect.

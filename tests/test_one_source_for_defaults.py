@@ -52,8 +52,8 @@ def test_settings_classes_take_no_defaults(cls):
 def test_settings_read_every_field_from_their_block(cls, block):
     keys = set(_block(block).keys())
     # store_dir: "" = the workdir's store; progress_label: which stage plays (from_config sets collect's);
-    # replay: the recordings eval.replay plays from (from_config: none)
-    assert {f.name for f in dataclasses.fields(cls)} - {"store_dir", "progress_label", "replay"} <= keys
+    # replay: the recordings eval.replay plays from (from_config: none); cdp_endpoints: config.web's
+    assert {f.name for f in dataclasses.fields(cls)} - {"store_dir", "progress_label", "replay", "cdp_endpoints"} <= keys
     cls.from_config(_block(block), **({"workdir": "/w"} if cls is SFTDataConfig else {}))  # the defaults are valid
 
 

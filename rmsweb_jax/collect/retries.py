@@ -132,6 +132,7 @@ class CollectSettings:
     progress_label: str  # the progress bar's name: not a config field (from_config: "collect"; eval and
                          # mine's rollouts, which play through this loop too, replace it with their stage's)
     replay: str  # not a config field: eval.replay's recordings folder ("" = play live; from_config: "")
+    cdp_endpoints: tuple[str, ...]  # config.web's (cdp_endpoints): remote browsers; from_config: () = local ones
 
     def __post_init__(self):
         if self.retry_mode not in RETRY_MODES:
@@ -154,15 +155,28 @@ class CollectSettings:
     def from_config(cls, collect) -> "CollectSettings":
         """Returns the collect stage's settings of a config.collect-shaped block (each field read under its own
         name; the progress bar named "collect")."""
-        return cls(**{**block_fields(cls, collect, "config.collect", optional=("progress_label", "replay")),
-                      "progress_label": "collect", "replay": ""})
+        return cls(**{**block_fields(cls, collect, "config.collect",
+                                     optional=("progress_label", "replay", "cdp_endpoints")),
+                      "progress_label": "collect", "replay": "", "cdp_endpoints": ()})
 
     def worker_config(self, store_dir) -> WorkerConfig:
         """Returns the browser workers' settings: recording into store_dir/recordings (record "har"), or
         replaying from the `replay` folder."""
         tape = (Tape(RECORD, str(store_dir / RECORDINGS)) if self.record else
                 Tape(REPLAY, self.replay) if self.replay else None)
-        return WorkerConfig(step_timeout_s=self.step_timeout_s, tape=tape)
+        return WorkerConfig(step_timeout_s=self.step_timeout_s, tape=tape, cdp_endpoints=self.cdp_endpoints)
+
+
+def cdp_endpoints(web) -> tuple[str, ...]:
+    """Returns the remote browsers of config.web.cdp_endpoint (comma-separated; () = launch locally); raises
+    UserError naming one that is not a ws(s):// or http(s):// address."""
+    endpoints = tuple(e.strip() for e in web.cdp_endpoint.split(",") if e.strip())
+    for endpoint in endpoints:
+        if not endpoint.startswith(("ws://", "wss://", "http://", "https://")) or not endpoint.partition("://")[2]:
+            raise UserError(f"web.cdp_endpoint {endpoint!r}: expected a CDP endpoint, ws://host:port/devtools/browser/"
+                            "<id> (browserless, a Selenium Grid node) or http://host:port (Chromium's "
+                            "--remote-debugging-port), several separated by commas")
+    return endpoints
 
 
 class RetryCollector:

@@ -29,6 +29,7 @@ groups still in flight.
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 from absl import logging
@@ -36,7 +37,7 @@ from absl import logging
 from rmsweb_jax import storage
 from rmsweb_jax.agents.from_config import PolicySettings, build_policy
 from rmsweb_jax.collect.report import check_store_success_rule, write_report
-from rmsweb_jax.collect.retries import CollectSettings, RetryCollector
+from rmsweb_jax.collect.retries import CollectSettings, RetryCollector, cdp_endpoints
 from rmsweb_jax.collect.store import RETRY_MODES, StoreWriter
 from rmsweb_jax.collect.store_provenance import policy_provenance
 from rmsweb_jax.errors import UserError
@@ -49,7 +50,7 @@ from rmsweb_jax.suites.task import Task
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # A flax: policy loads its own spec (model.init is not read) with the run's dtypes, mesh and seed.
-CONFIG_READS = ("collect", "prompt", *MODEL_LOADING, "seed")
+CONFIG_READS = ("collect", "web", "prompt", *MODEL_LOADING, "seed")
 INPUT_STAGES: dict = {}
 OUTPUTS = {"store": "collect.store_dir", "collect_report.json": None, "collect_viewer": None}
 NON_RESULT_FIELDS = COLLECT_RUNTIME  # changed alone: a rerun resumes or skips, never afresh (manifest.py)
@@ -104,7 +105,7 @@ def check_config(config, workdir) -> CollectSettings:
         raise UserError(f"collect.retry_mode {cfg.retry_mode!r}: expected 'reflection' (retries conditioned on the "
                         "policy's reflections) or 'plain' (retries without them, a fresh draw each)")
     collect_policy_settings(config)
-    return CollectSettings.from_config(cfg)
+    return dataclasses.replace(CollectSettings.from_config(cfg), cdp_endpoints=cdp_endpoints(config.web))
 
 
 def run(config, workdir: pathlib.Path) -> dict:

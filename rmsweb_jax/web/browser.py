@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 
+from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
@@ -76,6 +77,34 @@ async def launch_chromium(playwright, marker: str, *, executable: str | None = N
                                     f"attempts: {str(e).splitlines()[0]}") from e
             print(f"[browser] Chromium launch {attempt}/{attempts} timed out after {timeout_s:g} s; killed it "
                   "and launching again", file=sys.stderr, flush=True)
+
+
+class EndpointDown(RuntimeError):
+    """A remote Chromium (a CDP endpoint) did not answer however often it was tried."""
+
+
+async def connect_chromium(playwright, endpoint: str, *, timeout_s: float, attempts: int, backoff_s: float = 0.5):
+    """Returns a Playwright Browser driving the remote Chromium at `endpoint` over CDP (connect_over_cdp:
+    ws://host:port/devtools/browser/<id>, or http://host:port, which asks the browser for its current ws URL
+    and so finds a browser restarted on the same port).
+
+    A connection that fails or does not answer within `timeout_s` is tried again after a backoff that
+    doubles from `backoff_s`, up to `attempts` tries; then EndpointDown names the address."""
+    if attempts < 1:
+        raise ValueError(f"attempts = {attempts}: at least one connection attempt is needed")
+    delay = backoff_s
+    for attempt in range(1, attempts + 1):
+        try:
+            return await playwright.chromium.connect_over_cdp(endpoint, timeout=timeout_s * 1000)
+        except PlaywrightError as e:
+            if attempt == attempts:
+                raise EndpointDown(f"the remote Chromium at {endpoint} did not answer in {attempts} attempts "
+                                   f"({timeout_s:g} s each, backoff from {backoff_s:g} s): "
+                                   f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+            print(f"[browser] connecting to {endpoint} failed ({attempt}/{attempts}); again in {delay:g} s",
+                  file=sys.stderr, flush=True)
+            await asyncio.sleep(delay)  # backoff: the remote browser may be restarting
+            delay *= 2
 
 
 def marked_pids(marker: str, exact: bool = False) -> list[int]:

@@ -65,7 +65,7 @@ class AsyncWorkerPool:
             self._playwright_cm = async_playwright()
             self._playwright = await asyncio.wait_for(self._playwright_cm.start(), self.start_timeout_s)
             self.workers = [BrowserWorker(self.suite, self.config, playwright=self._playwright,
-                                          marker=f"{self.marker}-{i}") for i in range(self.size)]
+                                          marker=f"{self.marker}-{i}", slot=i) for i in range(self.size)]
             await asyncio.wait_for(asyncio.gather(*(w.start() for w in self.workers)), self.start_timeout_s)
         except BaseException:
             await self.close()

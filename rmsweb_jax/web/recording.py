@@ -176,7 +176,10 @@ class TapeSession:
     async def finish(self, context) -> Recording | None:
         """Closes `context` (Playwright writes the HAR then); in record mode saves the storage and the
         clock's instant and returns the Recording, in replay returns None."""
-        storage_end = await context.storage_state() if self.tape.mode == RECORD else None
+        if self.tape.mode == RECORD:
+            storage_end = await context.storage_state()
+        else:  # requests still routed would answer into a closed context
+            storage_end = await context.unroute_all(behavior="ignoreErrors")
         await context.close()
         if self.tape.mode == REPLAY:
             return None

@@ -11,7 +11,8 @@ from playwright.async_api import async_playwright
 
 from rmsweb_jax.web.action_executor import ActionFailed, execute_action
 from rmsweb_jax.web.actions import RELATIVE, Action, CoordinateSpace
-from rmsweb_jax.web.browser import close_browser, kill_marked, launch_chromium, marked_pids, new_marker
+from rmsweb_jax.web.browser import (close_browser, connect_chromium, kill_marked, launch_chromium, marked_pids,
+                                    new_marker)
 from rmsweb_jax.web.guard import ContextGuard
 from rmsweb_jax.web.observation import Observation
 from rmsweb_jax.web.page_reader import read_page
@@ -60,6 +61,9 @@ class WorkerConfig:
     fast_png: bool = True
     extra_args: tuple[str, ...] = ()
     tape: Tape | None = None            # record every episode's traffic, or replay it (web/recording.py)
+    cdp_endpoints: tuple[str, ...] = ()  # remote Chromiums (connect_over_cdp) instead of launching one; the pool's
+                                         # worker i drives endpoint i mod n; launch_attempts / _timeout_s bound a
+                                         # (re)connection
 
     def __post_init__(self):
         if self.coordinates not in ("relative", "pixel"):
@@ -91,12 +95,17 @@ class BrowserWorker:
 
     A crash or hang during reset or step restarts the browser and raises WorkerFault; so does
     a failure of that restart (the next reset launches again).
-    `playwright` may be shared between workers of one pool; `marker` tags this worker's browser.
+    `playwright` may be shared between workers of one pool; `marker` tags this worker's browser;
+    `slot` (the pool's worker index) picks its endpoint when WorkerConfig.cdp_endpoints names remote
+    browsers: then a crash or a dropped connection reconnects (with backoff) instead of relaunching.
     """
 
-    def __init__(self, suite: Suite, config: WorkerConfig | None = None, *, playwright=None, marker: str | None = None):
+    def __init__(self, suite: Suite, config: WorkerConfig | None = None, *, playwright=None, marker: str | None = None,
+                 slot: int = 0):
         self.suite = suite
         self.config = config or WorkerConfig()
+        endpoints = self.config.cdp_endpoints
+        self.endpoint = endpoints[slot % len(endpoints)] if endpoints else None  # None: a local Chromium
         self.marker = marker or new_marker()
         self.restarts = 0
         self._playwright = playwright
@@ -126,6 +135,13 @@ class BrowserWorker:
 
     async def _launch(self) -> None:
         self._dead = False
+        if self.endpoint is not None:
+            self._browser = await connect_chromium(self._playwright, self.endpoint,
+                                                   timeout_s=self.config.launch_timeout_s,
+                                                   attempts=self.config.launch_attempts)
+            self._browser.on("disconnected", self._on_disconnected)
+            self._context = None
+            return
         self._browser = await launch_chromium(
             self._playwright, self.marker, executable=self.config.executable, headless=self.config.headless,
             extra_args=self.config.extra_args, timeout_s=self.config.launch_timeout_s,
@@ -133,8 +149,11 @@ class BrowserWorker:
         self._browser.on("disconnected", self._on_disconnected)
         self._context = None
 
-    def _on_disconnected(self, _browser=None) -> None:
-        self._dead = True
+    def _on_disconnected(self, browser=None) -> None:
+        # A replaced browser's event may come late (a remote one's connection drops after the reconnect):
+        # it says nothing about the browser in use now.
+        if browser is None or browser is self._browser:
+            self._dead = True
 
     async def restart(self) -> None:
         """Kills and relaunches the browser; any episode in progress is dropped."""

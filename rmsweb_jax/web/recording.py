@@ -19,15 +19,18 @@ answered once). A page that asks for something different because of these is off
 
 A suite that serves its own pages (MiniWoB++) does so on a new port each run: the recording keeps the
 suite's origin, and a replay under another origin serves the HAR with the old origin replaced by the new
-one (a copy beside the original; the original and its sha256 stay as recorded).
+one (a temporary copy, removed when the episode ends; the recording and its sha256 stay as recorded, and a
+read-only store replays too).
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import os
 import pathlib
 import re
+import tempfile
 import time
 from typing import Any
 
@@ -138,6 +141,7 @@ class TapeSession:
         self.har = self.directory / f"{self.name}.har"
         self.state_path = self.directory / f"{self.name}.state.json"
         self.off_record: str | None = None  # the first request the recording did not hold (replay)
+        self._moved: pathlib.Path | None = None  # the HAR under this run's suite origin (replay), removed at the end
         if tape.mode == REPLAY:
             if not self.har.is_file() or not self.state_path.is_file():
                 raise DamagedRecording(f"no recording of episode {request_id!r} in {self.directory} "
@@ -147,9 +151,10 @@ class TapeSession:
             self.started_ms, self.storage_start = state["started_ms"], state["storage_start"]
             recorded_origin = state["suite_origin"]
             if recorded_origin and suite_origin and recorded_origin != suite_origin:
-                moved = self.directory / f".{self.name}-{_netloc(suite_origin)}.har"
-                moved.write_text(self.har.read_text().replace(_netloc(recorded_origin), _netloc(suite_origin)))
-                self.har = moved
+                fd, moved = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".har")
+                with os.fdopen(fd, "w") as f:
+                    f.write(self.har.read_text().replace(_netloc(recorded_origin), _netloc(suite_origin)))
+                self.har = self._moved = pathlib.Path(moved)
         else:
             self.directory.mkdir(parents=True, exist_ok=True)
             self.started_ms, self.storage_start = round(time.time() * 1000), None
@@ -182,6 +187,8 @@ class TapeSession:
             storage_end = await context.unroute_all(behavior="ignoreErrors")
         await context.close()
         if self.tape.mode == REPLAY:
+            if self._moved is not None:
+                self._moved.unlink(missing_ok=True)
             return None
         self.state_path.write_text(json.dumps({"started_ms": self.started_ms, "storage_start": self.storage_start,
                                                "storage_end": storage_end, "suite_origin": self.suite_origin}))

@@ -155,7 +155,7 @@ def _click(obs, role: str, name: str) -> Action:
 def site_policy(off_record: bool = False):
     """Returns a policy (History -> Action) that follows the form to its result and answers; with
     `off_record` it first follows the result page's "More" link, which no recording holds."""
-    clicked_more = []
+    clicked_more, acted = [], set()
 
     def policy(history) -> Action:
         obs = history.observation
@@ -167,6 +167,10 @@ def site_policy(off_record: bool = False):
                                                     for o in history.observations[-2:]):
             return Action("wait", seconds=0.1)
         page = obs.title.split(":", 1)[1]
+        run = (history.request.request_id, history.attempt, page)
+        if run in acted:  # the page acted on is still shown: its navigation has not landed yet
+            return Action("wait", seconds=0.1)
+        acted.add(run)
         if page == "index":
             return _click(obs, "link", "Form")
         if page == "form":

@@ -24,11 +24,13 @@ LIBTPU_VERSION := 0.0.42
 
 # torch is the test-time reference only; install the CPU build (on local disk) first so that
 # nothing later can pull a CUDA build.
+# --no-compile: Python byte-compiles a module when it is first imported; compiling every file at install time
+# (torch, jax, ...) spends CPU on files no test imports (in the launcher's venv, 60% of the install's CPU).
 $(STAMP): $(VPY) setup.py constraints.txt Makefile
-	$(VPY) -m pip install -q "torch==2.13.0"
-	$(VPY) -m pip install -q -c constraints.txt -e ".[test]"
+	$(VPY) -m pip install -q --no-compile "torch==2.13.0"
+	$(VPY) -m pip install -q --no-compile -c constraints.txt -e ".[test]"
 	rm -rf $(VENV)/libtpu
-	$(VPY) -m pip install -q --no-deps --target $(VENV)/libtpu "libtpu==$(LIBTPU_VERSION)"
+	$(VPY) -m pip install -q --no-compile --no-deps --target $(VENV)/libtpu "libtpu==$(LIBTPU_VERSION)"
 	touch $(STAMP)
 
 install: $(STAMP)

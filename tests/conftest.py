@@ -10,6 +10,18 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# One XLA compilation cache for the whole run: the pytest-xdist workers and every process a test starts (kill -9
+# and resume, two-process runs, `python -m rmsweb_jax.main`) inherit it, so a program that several of them compile
+# (the micro pipeline's steps, a run and its resumed rerun) compiles once. Made fresh for each run and removed at
+# its end (pytest_sessionfinish), so nothing carries over from an earlier checkout; a JAX_COMPILATION_CACHE_DIR
+# already set is used as it is and kept. RMSWEB_TEST_COMPILE_CACHE=0 turns it off.
+_RUN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and os.environ.get("RMSWEB_TEST_COMPILE_CACHE", "1") != "0":
+    import tempfile
+    _RUN_CACHE = tempfile.mkdtemp(prefix="rmsweb-test-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _RUN_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -86,3 +98,34 @@ def gcs_emulator(tmp_path_factory):
             else:
                 os.environ[k] = v
         stop_emulator(proc)
+
+
+def _cpu_seconds() -> float:
+    import resource
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With RMSWEB_TEST_CPU=FILE, appends each test's CPU seconds (setup + call + teardown, this process and the
+    children it waited for; a browser counts when its driver exits) and wall seconds to FILE as a JSON line:
+    where the suite's core-minutes go, which --durations (wall, inflated by the other worker) cannot say."""
+    path = os.environ.get("RMSWEB_TEST_CPU")
+    if not path:
+        yield
+        return
+    import json
+    import time
+    cpu, wall = _cpu_seconds(), time.perf_counter()
+    yield
+    row = {"test": item.nodeid, "cpu_s": round(_cpu_seconds() - cpu, 2), "wall_s": round(time.perf_counter() - wall, 2)}
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def pytest_sessionfinish(session):
+    # Only the process that made the cache removes it (with xdist, the controller, after both workers are done).
+    if _RUN_CACHE:
+        import shutil
+        shutil.rmtree(_RUN_CACHE, ignore_errors=True)

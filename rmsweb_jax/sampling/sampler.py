@@ -4,7 +4,8 @@ Prompts are left-padded to a length bucket and the cache holds bucket + max_new_
 (batch, prompt bucket, max_new_tokens, patch bucket) combination compiles once. Vision runs only in
 the prefill; `generate_groups` draws G samples per prompt from one prefill. Its G rows decode over one copy of
 the prompt's KV cache, read once per group per step, plus each row's own cache (cascade attention,
-models/attention.py); RuntimeOptions.group_decode = "copy" copies the prompt's cache to the G rows instead.
+models/attention.py); RuntimeOptions.group_decode = "copy" (on a mesh under "auto") copies the prompt's cache to
+the G rows instead.
 Every sampled token comes with its log-probability under the temperature-scaled model distribution
 (before top-k / top-p truncation), which is what the RL losses need.
 """
@@ -24,6 +25,7 @@ from jax.experimental import multihost_utils
 from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl import decode
 from rmsweb_jax.models.qwen3_vl.model import ModelInputs, Qwen3VL, abstract_model, prepare_inputs, state_shardings
+from rmsweb_jax.models.qwen3_vl.config import group_decode_mode
 from rmsweb_jax.models.qwen3_vl.text import KVCache
 from rmsweb_jax.models.qwen3_vl.layers import DTYPES
 
@@ -182,7 +184,8 @@ class Sampler:
         knobs = (np.float32(params.temperature), np.float32(params.top_p), np.int32(params.top_k))
         mode = (params.temperature == 0, params.top_k > 0, params.top_p < 1)
         decode_graphdef = None if self._decode is None else self._decode.graphdef
-        cascade = group_size > 1 and self.model.runtime.group_decode == "cascade"
+        devices = 1 if self.model.mesh is None else self.model.mesh.size
+        cascade = group_size > 1 and group_decode_mode(self.model.runtime.group_decode, devices) == "cascade"
         return (graphdef, state, step_weights, decode_graphdef, decode_text, inputs, params.max_new_tokens,
                 self.pad_id, stop, knobs, jax.random.key(seed), mode, group_size, real, cascade)
 

@@ -33,6 +33,7 @@ import pathlib
 import socket
 import sys
 import threading
+import time
 import _thread
 import uuid
 from urllib.parse import quote
@@ -44,6 +45,7 @@ from rmsweb_jax.errors import UserError
 
 LOCK_NAME = "run.lock"
 LEASE_S = 120.0  # a gs:// lease not renewed for this long is free to take over
+RECORD_WAIT_S = 2.0  # how long a refused run waits for a holder that has just taken the lock to write its record
 RENEW_S = 30.0   # how often a live run renews its gs:// lease
 
 
@@ -122,7 +124,7 @@ class _FlockLock(WorkdirLock):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _read_record(fd)
+                holder = _wait_for_record(fd)
                 os.close(fd)
                 if not force:
                     raise refusal(workdir, path, holder) from None
@@ -164,6 +166,15 @@ def _read_record(fd: int) -> dict | None:
         return json.loads(data) if data.strip() else None
     except json.JSONDecodeError:
         return None
+
+
+def _wait_for_record(fd: int) -> dict | None:
+    """Returns the holder record in the lock file `fd`, waiting up to RECORD_WAIT_S for it: a holder writes it just
+    after its flock, so a contender that lost the race by microseconds can still name the run that won."""
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while (record := _read_record(fd)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return record
 
 
 class _LeaseLock(WorkdirLock):

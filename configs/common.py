@@ -199,6 +199,25 @@ def base_config() -> ml_collections.ConfigDict:
     c.action_accuracy.batch_size = 8      # prompts per generate call
     c.action_accuracy.max_new_tokens = 128
 
+    # Stage "ground": grounding pretraining before SFT (rmsweb_jax/stages/ground.py, rows from
+    # rmsweb_jax/data/grounding.py). For every listed element of every stored page of the training split (the
+    # split config.data makes; no browser): an instruction naming the element -> the action at its centre, in the
+    # agent's own prompt. Trains config.model.init with config.train, ground.train's values over it.
+    c.ground = ml_collections.ConfigDict()
+    c.ground.kinds = "click,type"         # rows per element: click (every uniquely named listed element) | type
+                                          # (text inputs: type a word at its centre)
+    c.ground.train = ml_collections.ConfigDict()  # None keeps config.train's value (as salvage.train)
+    c.ground.train.batch_size = placeholder(int)
+    c.ground.train.total_steps = placeholder(int)
+    c.ground.train.lr = placeholder(float)
+    c.ground.train.warmup_steps = placeholder(int)
+    c.ground.train.end_lr_fraction = placeholder(float)
+
+    # Stage "sft"'s starting point.
+    c.sft = ml_collections.ConfigDict()
+    c.sft.init = "model"                  # model = config.model.init | ground = the ground stage's export
+                                          # (hf:<workdir>/ground/hf) | hf:/path
+
     # Stage "mine": the SFT policy's critical states on the sft training split (rmsweb_jax/mining/).
     c.mine = ml_collections.ConfigDict()
     c.mine.checkpoint = ""                # "" = hf:<workdir>/sft/hf (the sft stage's export); or hf:/path

@@ -91,6 +91,8 @@ class CollectSummary:
     wall_s: float
     judge_errors: int = 0  # attempts the judge could not decide (each ended its group unsolved)
     pool_marker: str = ""
+    endpoints_down: dict[str, str] = dataclasses.field(default_factory=dict)  # remote browsers given up: address
+                                                                              # -> why (their episodes moved)
     bridge: dict[str, float] = dataclasses.field(default_factory=dict)
     policy: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -227,7 +229,7 @@ class RetryCollector:
                 if task_key(_task_id(task), seed) not in finished]
         self._counts = {"collected": 0, "trajectories": 0, "steps": 0, "solved_first": 0, "solved": 0,
                         "fault_reruns": 0, "lost_to_faults": 0, "judge_errors": 0}
-        marker = ""
+        marker, self._endpoints_down = "", {}
         if todo:
             logging.info("collect: %d task groups to run, %d already in the store %s", len(todo),
                          len(pairs) - len(todo), self.store.directory)
@@ -236,8 +238,8 @@ class RetryCollector:
             logging.info("collect: all %d task groups are already in the store %s", len(pairs), self.store.directory)
         self.store.flush()
         return CollectSummary(requested=len(pairs), skipped=len(pairs) - len(todo), wall_s=time.monotonic() - started,
-                              pool_marker=marker, bridge=self.bridge.stats(), policy=dict(self.policy.stats()),
-                              **self._counts)
+                              pool_marker=marker, endpoints_down=self._endpoints_down, bridge=self.bridge.stats(),
+                              policy=dict(self.policy.stats()), **self._counts)
 
     async def _collect(self, groups: list[_Group]) -> str:
         queue: asyncio.PriorityQueue = asyncio.PriorityQueue()
@@ -266,6 +268,7 @@ class RetryCollector:
         finally:
             self._bar.close()
             self.pool = None
+            self._endpoints_down = dict(pool.down_endpoints)
         return pool.marker
 
     async def _serve(self, slot: int, pool: AsyncWorkerPool, queue: asyncio.PriorityQueue, counter, tg) -> None:

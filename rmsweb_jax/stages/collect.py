@@ -149,6 +149,9 @@ def run(config, workdir: pathlib.Path) -> dict:
     k = report["attempts_k"]
     print(f"[collect] this run: {summary.collected} task groups collected, {summary.skipped} already in the store, "
           f"{summary.steps} steps in {summary.wall_s:.1f} s (mean policy batch {summary.bridge['mean_batch']})")
+    for endpoint, why in summary.endpoints_down.items():
+        print(f"[collect] the remote Chromium at {endpoint} went down for good; its episodes ran on the other "
+              f"endpoints ({why})")
     print(f"[collect] store: {report['tasks']} task groups, {report['trajectories']} attempts; success "
           f"({report['success_rule']}: {report['success_rule_meaning']}) @1 "
           f"{100 * report['success_at_1']:.1f}% -> success@<={k} {100 * report['success_at_le_K']:.1f}% "

@@ -442,6 +442,9 @@ def run(config, workdir: pathlib.Path) -> dict:
               f"this run played {summary.collected} task groups, {summary.skipped} were stored already, "
               f"{summary.wall_s:.1f} s" + (f"; {overall['off_record']} went off their recording (not counted)"
                                            if overall["off_record"] else ""))
+        for endpoint, why in summary.endpoints_down.items():
+            print(f"[eval] the remote Chromium at {endpoint} went down for good; its episodes ran on the other "
+                  f"endpoints ({why})")
 
     seconds["play"] = time.perf_counter() - started
     started = time.perf_counter()

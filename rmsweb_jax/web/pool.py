@@ -3,24 +3,38 @@
 Each request becomes exactly one Episode: a browser crash or hang mid-episode restarts that
 worker's browser and runs the episode again from reset (up to `max_attempts`), so a
 half-finished episode is never handed on as complete.
+
+Remote browsers (WorkerConfig.cdp_endpoints, worker i on endpoint i mod n): an endpoint that stays
+down (its reconnection gave up: worker.EndpointLost) is declared down for the rest of the pool's life,
+named in `down_endpoints` and on stderr. Its workers take no more episodes; the episode that was running
+on one of them runs again from reset on a free worker of a live endpoint (a move: one more run, never one
+of the max_attempts, and never a second Episode), and so does every later episode asked of its slots.
+The callers do not change: `run_episode(slot, ...)` for a slot whose endpoint is down borrows a live
+worker. With every endpoint down, AllEndpointsDown names them all. An endpoint that comes back is not
+taken up again by this pool (a new pool, e.g. the next stage run, connects to it).
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import inspect
+import sys
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Union
 
 from playwright.async_api import async_playwright
 
 from rmsweb_jax.web.actions import Action
-from rmsweb_jax.web.browser import kill_marked, new_marker
+from rmsweb_jax.web.browser import EndpointDown, kill_marked, new_marker
 from rmsweb_jax.web.episode import COMPLETE, FAILED, Episode, EpisodeRequest, History
 from rmsweb_jax.web.suite import Suite
-from rmsweb_jax.web.worker import BrowserWorker, WorkerConfig, WorkerFault
+from rmsweb_jax.web.worker import BrowserWorker, EndpointLost, WorkerConfig, WorkerFault
 
 EpisodePolicy = Callable[[History], Union[Action, Awaitable[Action]]]
+
+
+class AllEndpointsDown(EndpointDown):
+    """Every remote Chromium of the pool is down: no worker is left to run an episode on."""
 
 
 class AsyncWorkerPool:
@@ -49,6 +63,9 @@ class AsyncWorkerPool:
             self.config.launch_timeout_s * self.config.launch_attempts + 30.0
         self.marker = new_marker()
         self.workers: list[BrowserWorker] = []
+        self.down_endpoints: dict[str, str] = {}  # endpoint -> why it was declared down
+        self._idle: set[int] = set()  # slots whose worker runs no episode
+        self._changed: asyncio.Event | None = None  # set (and replaced) when a worker is freed or an endpoint goes down
         self._playwright_cm = None
         self._playwright = None
 
@@ -62,18 +79,28 @@ class AsyncWorkerPool:
     async def start(self) -> None:
         """Starts Playwright and every worker's browser (concurrently)."""
         try:
+            self._changed = asyncio.Event()
             self._playwright_cm = async_playwright()
             self._playwright = await asyncio.wait_for(self._playwright_cm.start(), self.start_timeout_s)
             self.workers = [BrowserWorker(self.suite, self.config, playwright=self._playwright,
                                           marker=f"{self.marker}-{i}", slot=i) for i in range(self.size)]
-            await asyncio.wait_for(asyncio.gather(*(w.start() for w in self.workers)), self.start_timeout_s)
+            started = await asyncio.wait_for(asyncio.gather(*(w.start() for w in self.workers), return_exceptions=True),
+                                             self.start_timeout_s)
+            for error in started:  # an endpoint down from the start leaves its episodes to the others
+                if isinstance(error, BaseException) and not isinstance(error, EndpointDown):
+                    raise error
+            for worker, error in zip(self.workers, started):
+                if isinstance(error, EndpointDown):
+                    self._declare_down(worker.endpoint, str(error))
+            self._idle = set(range(self.size))
+            self._live_slots()  # raises AllEndpointsDown when none is left
         except BaseException:
             await self.close()
             raise
 
     async def close(self) -> None:
         """Closes every browser the pool started (killing stragglers) and the driver."""
-        workers, self.workers = self.workers, []
+        workers, self.workers, self._idle = self.workers, [], set()
         await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
         if self._playwright_cm is not None:
             cm, self._playwright_cm, self._playwright = self._playwright_cm, None, None
@@ -131,20 +158,76 @@ class AsyncWorkerPool:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def run_episode(self, slot: int, request: EpisodeRequest, policy: EpisodePolicy) -> Episode:
-        """Returns the Episode for `request` run on worker `slot`, re-running it from reset after
-        a browser fault (at most max_attempts attempts)."""
-        worker = self.workers[slot]
+        """Returns the Episode for `request` run on worker `slot` (or, when slot's endpoint is down, on a free
+        worker of a live one), re-running it from reset after a browser fault (at most max_attempts attempts;
+        a run lost with its endpoint moves to another endpoint without using one up).
+
+        Raises AllEndpointsDown when no live endpoint is left."""
         faults: list[str] = []
         started = time.monotonic()
-        for attempt in range(1, self.max_attempts + 1):
+        runs = lost = 0
+        while lost < self.max_attempts:
+            held = await self._lease(slot)
+            runs += 1
             try:
-                episode = await self._attempt(worker, slot, request, policy, attempt)
+                episode = await self._attempt(self.workers[held], held, request, policy, runs)
+            except EndpointLost as fault:
+                faults.append(f"{fault} (the episode moves to another endpoint)")
+                self._declare_down(fault.endpoint, str(fault))
+                continue
             except WorkerFault as fault:
                 faults.append(str(fault))
+                lost += 1
                 continue
-            return dataclasses.replace(episode, attempts=attempt, faults=tuple(faults), wall_s=time.monotonic() - started)
-        return Episode(request=request, status=FAILED, attempts=self.max_attempts, faults=tuple(faults),
+            finally:
+                self._release(held)
+            return dataclasses.replace(episode, attempts=runs, faults=tuple(faults), wall_s=time.monotonic() - started)
+        return Episode(request=request, status=FAILED, attempts=runs, faults=tuple(faults),
                        reason=f"{self.max_attempts} attempts hit browser faults", wall_s=time.monotonic() - started)
+
+    def _live_slots(self) -> list[int]:
+        live = [i for i, w in enumerate(self.workers) if w.endpoint not in self.down_endpoints]
+        if not live:
+            raise AllEndpointsDown("every remote Chromium of the pool is down (web.cdp_endpoint): " + "; ".join(
+                f"{endpoint}: {why}" for endpoint, why in self.down_endpoints.items()))
+        return live
+
+    async def _lease(self, slot: int) -> int:
+        """Returns the slot of the worker to run an episode of `slot` on, taken from the idle ones: slot's own
+        once it is free, or, its endpoint down, the first free worker of a live endpoint."""
+        if not self.workers:
+            raise RuntimeError("the pool is not started (use `async with` or start())")
+        while True:
+            live = self._live_slots()
+            choice = ([slot] if slot in live else live)
+            free = [i for i in choice if i in self._idle]
+            if free:
+                self._idle.discard(free[0])
+                return free[0]
+            await self._changed.wait()  # a worker freed or an endpoint declared down
+
+    def _release(self, slot: int) -> None:
+        if self.workers:  # not after close()
+            self._idle.add(slot)
+            self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _declare_down(self, endpoint: str, why: str) -> None:
+        """Declares `endpoint` down for the rest of the pool's life: its workers take no more episodes and
+        reconnect no more (an episode running on one ends at its next fault, then moves)."""
+        if endpoint in self.down_endpoints:
+            return
+        self.down_endpoints[endpoint] = why
+        for worker in self.workers:
+            if worker.endpoint == endpoint:
+                worker.endpoint_down = f"the pool declared the remote Chromium at {endpoint} down"
+        live = sorted({w.endpoint for w in self.workers if w.endpoint not in self.down_endpoints})
+        print(f"[pool] the remote Chromium at {endpoint} is down ({why}); its episodes go to "
+              f"{', '.join(live) if live else 'no live endpoint: none is left'}", file=sys.stderr, flush=True)
+        self._wake()
 
     async def _attempt(self, worker: BrowserWorker, slot: int, request: EpisodeRequest, policy: EpisodePolicy,
                        attempt: int) -> Episode:

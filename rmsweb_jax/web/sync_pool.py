@@ -45,6 +45,11 @@ class WorkerPool:
         """Returns the number of workers."""
         return self._pool.size
 
+    @property
+    def down_endpoints(self) -> dict[str, str]:
+        """Returns the remote browsers declared down for good (address -> why); their episodes ran on the others."""
+        return dict(self._pool.down_endpoints)
+
     def browser_pid(self, worker: int) -> int | None:
         """Returns the pid of worker `worker`'s browser (None while it has none)."""
         return self._pool.browser_pid(worker)

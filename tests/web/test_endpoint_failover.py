@@ -52,7 +52,8 @@ def test_an_endpoint_killed_for_good_mid_run_moves_its_episodes_to_the_live_one(
         episodes, down = loop.run(go(site.task()), 120)
     ids = [e.request.request_id for e in episodes]
     assert sorted(ids) == [f"recorded-site#{s}" for s in range(6)]  # every episode once, none twice
-    assert all(e.complete and e.success for e in episodes), [(e.request.request_id, e.status, e.faults) for e in episodes]
+    assert all(e.complete and e.success for e in episodes), [(e.request.request_id, e.status, e.faults)
+                                                             for e in episodes]
     assert list(down) == [dying.http] and "did not answer" in down[dying.http]
     (moved_id, lost_run), = killed
     moved = {e.request.request_id: e for e in episodes}[moved_id]

@@ -126,6 +126,7 @@ class BrowserWorker:
         self._episode: _Episode | None = None
         self._tape: TapeSession | None = None
         self._dead = False
+        self._phase: str | None = None  # what a guarded call is waiting on: a timeout names it
         self.endpoint_down: str | None = None  # why the pool declared this worker's endpoint down (no reconnects)
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -249,10 +250,11 @@ class BrowserWorker:
         return await self._guarded(self._step(episode, action), timeout, f"step {episode.steps + 1} ({action.name})")
 
     async def _guarded(self, coro, timeout_s: float, what: str):
+        self._phase = None
         try:
             return await asyncio.wait_for(coro, timeout_s)
         except asyncio.TimeoutError:
-            reason = f"{what} timed out after {timeout_s:g}s"
+            reason = f"{what} timed out after {timeout_s:g}s" + (f" while {self._phase}" if self._phase else "")
         except EpisodeNotRunning:
             raise
         except EndpointDown as e:  # a reset's (re)connection found nobody there however often it tried
@@ -311,8 +313,10 @@ class BrowserWorker:
     async def _reset(self, task: Any, seed: int) -> Observation:
         await self._ensure_context(self.suite.request_policy(task))
         guard = self._guard
+        self._phase = f"opening {_task_id(task)} (seed {seed})"
         instruction = await self.suite.begin(guard.active, task, seed, self.config.reset_timeout_s)
         await guard.settle()
+        self._phase = f"reading {guard.active.url} (screenshot, accessibility tree)"
         state = await self._read()
         obs = self._observation(state, instruction, step=0, action=None, error=None)
         self._episode = _Episode(task=task, seed=seed, instruction=instruction, started=time.monotonic(), last=obs)
@@ -325,6 +329,7 @@ class BrowserWorker:
         guard = self._guard
         page = guard.active
         error = None
+        self._phase = f"performing the {action.name} on {page.url}"
         try:
             await execute_action(page, action, viewport=self.suite.viewport, space=self.space, policy=guard.policy,
                                  navigation_timeout_s=self.config.navigation_timeout_s)
@@ -334,7 +339,9 @@ class BrowserWorker:
             raise RuntimeError("browser disconnected or page crashed during the action")
         if self.suite.settle_s > 0 and action.name not in ("wait", "answer"):
             await asyncio.sleep(self.suite.settle_s)
+        self._phase = "choosing the page to observe"
         await guard.settle()
+        self._phase = f"reading {guard.active.url} (screenshot, accessibility tree)"
         state = await self._read()
         # After the read, so the error and the observation's blocked_urls report the same events.
         if guard.log.blocked_navigations and error is None:

@@ -1,6 +1,7 @@
 """Faults on real Chromium: killed browsers, hung pages, exceptions and Ctrl-C."""
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -86,8 +87,12 @@ def test_page_stuck_in_a_js_loop_times_out_and_the_worker_recovers(loop, page_ta
         obs = loop.run(worker.reset(page_task("spin_on_load.html")), 60)
         first_pid = worker.browser_pid
         started = time.monotonic()
-        with pytest.raises(WorkerFault, match=f"timed out after {STEP_TIMEOUT_S}s"):
+        with pytest.raises(WorkerFault, match=f"timed out after {STEP_TIMEOUT_S}s") as fault:
             loop.run(worker.step(click_named(obs, "button", "Spin")), 120)
+        # The reason names what the step was waiting on: the click (its input is acknowledged only once the
+        # page's script yields) or the read of the page.
+        assert re.search(r"while (performing the left_click on \S+spin_on_load.html|reading \S+spin_on_load.html)",
+                         str(fault.value)), fault.value
         # Loose: the step timeout and a browser restart, not the page's endless loop.
         assert time.monotonic() - started < 90
         assert worker.restarts == 1 and worker.browser_pid not in (None, first_pid)

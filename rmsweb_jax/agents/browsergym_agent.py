@@ -186,6 +186,7 @@ class BrowserGymAgent:
         self.task_id, self.episode_id = task_id, episode_id
         self.history: list[PastStep] = []
         self.outputs: list[PolicyOutput] = []
+        self.last_view: BrowserGymView | None = None  # the observation the last action was chosen on
         self.finished = False
 
     def obs_preprocessor(self, obs: dict) -> dict:
@@ -198,7 +199,7 @@ class BrowserGymAgent:
         if self.finished:
             return None, {"think": "", "stats": {}, "extra_info": {"reason": "the policy answered"}}
         step = len(self.history)
-        view = observation_from_browsergym(obs, step=step)
+        view = self.last_view = observation_from_browsergym(obs, step=step)
         ctx = StepContext(task_id=self.task_id, instruction=view.observation.instruction, observation=view.observation,
                           history=tuple(self.history), step=step, key=f"{self.episode_id}/{step}")
         output = self.policy.act([ctx])[0]
@@ -223,16 +224,21 @@ class BrowserGymAgentArgs:
     policy_factory: Callable[[], Policy]
     task_id: str = ""
     agent_name: str = "rmsweb"
+    policies: list = dataclasses.field(default_factory=list, repr=False)  # made by make_agent, closed by close
 
     def prepare(self) -> None:
         """Nothing to prepare: the policy is built by make_agent."""
 
     def close(self) -> None:
-        """Nothing to close here: each agent's policy is closed with the agent's run."""
+        """Closes every policy make_agent built (AgentLab calls it after the experiment)."""
+        policies, self.policies = self.policies, []
+        for policy in policies:
+            policy.close()
 
     def make_agent(self) -> BrowserGymAgent:
         """Returns a fresh agent over a fresh policy."""
-        return BrowserGymAgent(self.policy_factory(), task_id=self.task_id)
+        self.policies.append(self.policy_factory())
+        return BrowserGymAgent(self.policies[-1], task_id=self.task_id)
 
 
 class _SystemChromium:

@@ -136,3 +136,62 @@ def test_the_teacher_through_browsergym_scores_as_in_our_environment(monkeypatch
     assert {c: theirs[c][2] for c in cases} == {c: len(ours[c].actions) for c in cases}
     outcomes = {theirs[c][1] for c in cases}
     assert outcomes == {True, False}, theirs  # the mistakes make some fail: agreement is not "all solved"
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_a_model_policy_and_its_server_play_through_browsergym(monkeypatch):
+    """FlaxPolicy (in process) and HttpPolicy (our server) over the tiny random model: each BrowserGym step asks the
+    model once with our prompt of BrowserGym's page (screenshot and earlier steps), and its turn becomes BrowserGym
+    code (a random model rarely writes a valid tool call: such a turn is played as noop(0))."""
+    import dataclasses
+
+    import gymnasium as gym
+    import browsergym.miniwob  # noqa: F401 (registers the browsergym/miniwob.* environments)
+    from configs.common import base_config
+    from rmsweb_jax.agents.chat_client import ChatClient
+    from rmsweb_jax.agents.flax_policy import FlaxPolicy
+    from rmsweb_jax.agents.http_policy import HttpPolicy
+    from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
+    from rmsweb_jax.sampling.sampler import SamplingParams
+    from rmsweb_jax.sampling.serve import ChatServer
+    from tests.sampling.tiny_chat import tiny_chat_model
+    from tests.settings import serve_settings
+
+    try:
+        miniwob_html_dir()
+    except (ImportError, FileNotFoundError) as e:
+        pytest.skip(f"no MiniWoB++ pages to serve: {e}")
+    steps = 2
+    # Only the current screenshot: both steps' prompts fall in one length bucket (one compiled shape).
+    builder = PromptBuilder(dataclasses.replace(prompt_config_from(base_config()), history_steps=4, history_images=0))
+    with MiniWoBSuite() as suite, ChatServer(tiny_chat_model(), serve_settings(api_key="k")) as server:
+        monkeypatch.setenv("MINIWOB_URL", suite.base_url + "miniwob/")
+        policies = {
+            "flax": FlaxPolicy(tiny_chat_model(), builder, SamplingParams(max_new_tokens=6)),
+            "http": HttpPolicy(ChatClient(server.base_url, server.model_name, api_key="k"), builder, max_tokens=6),
+        }
+        driver = use_system_chromium()
+        env = gym.make("browsergym/miniwob.click-button", action_mapping=browsergym_action_set().to_python_code)
+        try:
+            for name, policy in policies.items():
+                agent = BrowserGymAgent(policy, task_id="miniwob.click-button", episode_id=f"{name}@1")
+                served = server.stats()["completions"]
+                obs, _ = env.reset(seed=0)
+                for _ in range(steps):
+                    code, info = agent.get_action(agent.obs_preprocessor(obs))
+                    output = agent.outputs[-1]
+                    assert info["extra_info"]["text"] == output.text and output.prompt_tokens > 0, (name, output)
+                    assert code == ("noop(0)" if output.action is None else
+                                    browsergym_action(output.action, agent.last_view))
+                    obs, _, terminated, truncated, _ = env.step(code)
+                    assert not obs["last_action_error"], (name, code, obs["last_action_error"])
+                    if terminated or truncated or agent.finished:
+                        break
+                assert policy.stats()["steps"] == len(agent.outputs) >= 1, name
+                assert server.stats()["completions"] - served == (len(agent.outputs) if name == "http" else 0)
+        finally:
+            env.close()
+            driver.stop()
+            for policy in policies.values():
+                policy.close()

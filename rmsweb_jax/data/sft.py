@@ -159,17 +159,24 @@ def encode_example(tokenizer, builder: PromptBuilder, image_config: ImageProcess
                    mask: str) -> dict[str, Any]:
     """Returns the encoded example (see data/batching.py): the prompt every stage samples with (no
     reflections) + the stored assistant turn, tokenized through the chat template with its loss mask."""
-    messages = builder.messages(example.context())
+    return encode_turn(tokenizer, builder.messages(example.context()), example.target_text, image_config, mask,
+                       name=example_name(example))
+
+
+def encode_turn(tokenizer, messages: list[dict[str, Any]], target_text: str, image_config: ImageProcessorConfig,
+                mask: str, *, name: str) -> dict[str, Any]:
+    """Returns the encoded row (see data/batching.py) of chat `messages` + the assistant turn `target_text`, with
+    its loss mask; a ValueError names the row `name`."""
     try:
-        enc = encode_for_training(tokenizer, messages, example.target_text, image_config, mask=mask)
+        enc = encode_for_training(tokenizer, messages, target_text, image_config, mask=mask)
     except ValueError as err:
-        raise ValueError(f"SFT example {example_name(example)}: {err}") from err
+        raise ValueError(f"SFT example {name}: {err}") from err
     patch_dim = image_config.patch_dim
     pixels = enc.pixel_values if enc.pixel_values is not None else np.zeros((0, patch_dim), np.float32)
     grids = enc.image_grid_thw if enc.image_grid_thw is not None else np.zeros((0, 3), np.int64)
     return {"input_ids": np.asarray(enc.input_ids, np.int32), "loss_mask": np.asarray(enc.loss_mask, np.float32),
             "pixel_values": np.asarray(pixels, np.float32), "image_grid_thw": np.asarray(grids, np.int64),
-            "name": example_name(example)}
+            "name": name}
 
 
 def example_name(example: SFTExample) -> str:

@@ -4,8 +4,8 @@
 
 Reads the trajectory store (config.data.store_dir, default <workdir>/store), holds out
 config.data.held_out_fraction of the task groups (the `action_accuracy` stage evaluates them),
-and trains the model of config.model.init (hf:/path — also an earlier stage's export such as
-hf:<workdir>/sft/hf — or random:tiny) with the shared Trainer on the Grain pipeline of
+and trains the model config.sft.init names (config.model.init: hf:/path or random:tiny; "ground": the
+ground stage's export, <workdir>/ground/hf) with the shared Trainer on the Grain pipeline of
 rmsweb_jax/data/sft.py. Rerunning the same command resumes from the last checkpoint, data
 iterator included. Outputs: <workdir>/sft/{checkpoints/, tensorboard/, metrics.jsonl, hf/,
 split.json, summary.json}.
@@ -20,6 +20,8 @@ import jax
 from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import prompt_config_from
 from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches, SFTDataConfig
+from rmsweb_jax.errors import UserError
+from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import TRAINER_CADENCE
 from rmsweb_jax.stages.sft_split import (SFT_DIR, SPLIT_FILE, data_settings, load_split, same_split_settings,
                                          saved_split, split_path, split_record)
@@ -30,8 +32,9 @@ from rmsweb_jax.train.tokenizer import check_tokenizer
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # The store is collect's unless data.store_dir names another (then that path is the dependency, not collect).
-CONFIG_READS = ("data", "train", "model", "mesh", "sharding_rules", "prompt", "seed")
-INPUT_STAGES = {"collect": "data.store_dir"}
+# With sft.init = "ground" it starts from the ground stage's export (then an input stage too).
+CONFIG_READS = ("sft", "data", "train", "model", "mesh", "sharding_rules", "prompt", "seed")
+INPUT_STAGES = {"collect": "data.store_dir", "ground": "sft.init"}
 OUTPUTS = {"sft/summary.json": None, "sft/split.json": None, "sft/hf": None}
 FRESH_START = ("sft",)  # a rerun for a change starts afresh (manifest.py)
 NON_RESULT_FIELDS = TRAINER_CADENCE  # ... but not for a change of these alone
@@ -40,12 +43,27 @@ NAME = SFT_DIR
 
 
 def check_config(config, workdir) -> None:
-    """Returns None once config.train, config.data and config.prompt build their settings (the trainer's, the
-    Grain pipeline's, the prompt's; no store read, no model); raises UserError naming the key. The pipeline calls
-    it before any stage runs (stages/pipeline.py check_stages)."""
+    """Returns None once config.train, config.data, config.prompt and config.sft.init build their settings (the
+    trainer's, the Grain pipeline's, the prompt's; no store read, no model); raises UserError naming the key. The
+    pipeline calls it before any stage runs (stages/pipeline.py check_stages)."""
     TrainSettings.from_config(config.get("train"))
     SFTDataConfig.from_config(config.get("data"), workdir)
     prompt_config_from(config)
+    init_spec(config, workdir)
+
+
+def init_spec(config, workdir) -> str:
+    """Returns the model.init the SFT run starts from: config.sft.init "model" = config.model.init, "ground" =
+    hf:<workdir>/ground/hf (the ground stage's export), or an hf:/path as given; UserError for anything else."""
+    init = str(config.sft.init)
+    if init == "model":
+        return str(config.model.init)
+    if init == "ground":
+        return f"hf:{links.folder(storage.as_path(workdir), 'ground') / 'hf'}"
+    if init.startswith("hf:") and len(init) > 3:
+        return init
+    raise UserError(f"config.sft.init = {init!r}; expected 'model' (config.model.init), 'ground' (the ground "
+                    "stage's export) or 'hf:/path/to/checkpoint'")
 
 
 def run(config, workdir: pathlib.Path) -> dict:
@@ -58,7 +76,15 @@ def run(config, workdir: pathlib.Path) -> dict:
         data, view, split, _ = saved_split(config, workdir)
     else:
         data, view, split = load_split(config, workdir)
-    trainer = Trainer(config, workdir, name=NAME)
+    run_config = config
+    if str(config.sft.init) != "model":
+        spec = init_spec(config, workdir)
+        if not (storage.user_path(spec[3:]) / "config.json").is_file():
+            raise UserError(f"config.sft.init = {config.sft.init!r}: no HF checkpoint at {spec[3:]} (run the ground "
+                            "stage with config.train.export_hf=True first, or give hf:/path/to/checkpoint)")
+        run_config = config.copy_and_resolve_references()
+        run_config.model.init = spec
+    trainer = Trainer(run_config, workdir, name=NAME)
     tokenizer, image_config = check_tokenizer(trainer.init_dir, trainer.model_config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     writer = jax.process_index() == 0

@@ -119,7 +119,9 @@ def variants(config, workdir: pathlib.Path) -> dict[str, tuple[ml_collections.Co
                                              collect__viewer=False), {}),
            "sft_first": (_variant_config(config, ("sft", "eval"), data__attempts="first", eval__policies="sft",
                                          **evaluate),
-                         {} if config.data.store_dir else {"collect": ("store", store)})}
+                         {**({} if config.data.store_dir else {"collect": ("store", store)}),
+                          # both SFT rows start from the one grounded checkpoint: only their data differ
+                          **({"ground": ("ground", workdir / "ground")} if config.sft.init == "ground" else {})})}
     if config.ablations:
         for name, _, field, value in ABLATIONS:
             out[name] = (_variant_config(config, ("salvage", "eval"), eval__policies="salvage",

@@ -47,7 +47,7 @@ from rmsweb_jax import storage
 from rmsweb_jax.agents.policy import Policy
 from rmsweb_jax.collect.records import StepRecord, TrajectoryRecord
 from rmsweb_jax.collect.report import check_store_success_rule
-from rmsweb_jax.collect.retries import CollectSettings, CollectSummary, RetryCollector
+from rmsweb_jax.collect.retries import CollectSettings, CollectSummary, RetryCollector, cdp_endpoints
 from rmsweb_jax.collect.store import REFLECTION, StoreWriter, TrajectoryStore
 from rmsweb_jax.collect.store_layout import STORE_FILE
 from rmsweb_jax.collect.store_provenance import policy_provenance
@@ -107,7 +107,8 @@ def run_rollouts(config, workdir: str | os.PathLike, policy: Policy, tasks_and_s
     """Returns (the rollout store, the collector's summary) after playing `policy` once (attempts
     = 1, no reflection) on each (task, seed) not yet in its store `<workdir>/mine/rollouts/<policy
     id>/`. The collection settings (workers, max_steps, timeouts, flushes, success rule) are
-    config.collect's, as the reference collection had them; `suite` and `judge` are built by the
+    config.collect's, as the reference collection had them, and so are the browsers (local, or the remote
+    Chromiums config.web.cdp_endpoint names); `suite` and `judge` are built by the
     caller (stages/collect.py make_suite / make_judge).
 
     On several processes each plays its share of the groups into its own part store and process 0
@@ -122,8 +123,9 @@ def run_rollouts(config, workdir: str | os.PathLike, policy: Policy, tasks_and_s
     with StoreWriter(target, flush_every_tasks=cfg.flush_every_tasks, flush_every_s=cfg.flush_every_s,
                      policy=policy.name, provenance=policy_provenance(policy)) as store:
         check_store_success_rule(store.trajectories(), cfg.success, target)
+        # The browsers are the collection's: local, or the remote Chromiums of web.cdp_endpoint.
         settings = dataclasses.replace(CollectSettings.from_config(cfg), attempts=1, retry_mode=REFLECTION,
-                                       progress_label="mine")
+                                       progress_label="mine", cdp_endpoints=cdp_endpoints(config.web))
         collector = RetryCollector(suite, policy, judge, store, settings)
         summary = collector.run_pairs(pairs)
     host_shares.merge_when_played(store_dir, "rollouts")

@@ -108,6 +108,31 @@ def test_the_collect_stage_plays_on_the_remote_browser(remote, tmp_path):
     remote.start()
 
 
+def test_mining_rollouts_play_on_the_remote_browser(remote, tmp_path):
+    """mine.rollouts plays its task groups in the browsers web.cdp_endpoint names, as collect does."""
+    from rmsweb_jax.judges.from_config import judge_from_config
+    from rmsweb_jax.mining.rollouts import run_rollouts
+    from rmsweb_jax.stages.collect import collect_tasks, make_policy
+    from rmsweb_jax.suites.from_config import suite_from_config
+
+    def play(config, workdir):
+        tasks = collect_tasks(config.collect)
+        policy = make_policy(config, workdir, [t.id for t in tasks])
+        try:
+            with suite_from_config(config.collect) as suite:
+                return run_rollouts(config, workdir, policy, [(t, 0) for t in tasks], suite=suite,
+                                    judge=judge_from_config(config.collect))
+        finally:
+            policy.close()
+
+    store, summary = play(_collect_config(remote.http), tmp_path / "remote")
+    assert summary.collected == 1 and summary.lost_to_faults == summary.fault_reruns == 0 and store.is_dir()
+    remote.kill()  # the same rollouts against a browser that is gone: they were the remote's
+    with pytest.raises(EndpointDown, match=f"remote Chromium at {remote.http}"):
+        play(_collect_config(remote.http), tmp_path / "gone")
+    remote.start()
+
+
 def test_a_malformed_endpoint_is_one_line_naming_the_key(tmp_path):
     from rmsweb_jax.errors import UserError
     from rmsweb_jax.stages import collect as stage

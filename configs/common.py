@@ -25,9 +25,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.decode_layout = "auto"        # auto (per_layer on one CPU device, copies up to 2 GiB) | stacked | per_layer
     c.model.decode_sharding = "auto"      # on a mesh: auto (replicated if the decode copy <= 1/4 of HBM, else tensor)
                                           # | tensor | replicated | training (no copy: FSDP weights gathered per token)
-    c.model.group_decode = "auto"         # G samples of a prompt: cascade (one prompt KV cache read once per group
-                                          # + each row's own) | copy (the prompt's cache copied to the G rows) | auto
-                                          # (cascade on one device, copy on a mesh: qwen3_vl/config.py group_decode_mode)
+    c.model.group_decode = "cascade"      # G samples of a prompt: cascade (one prompt KV cache read once per group
+                                          # + each row's own) | copy (the prompt's cache copied to the G rows)
     c.model.vision_window = 4096          # most patches one image may have; vision attention then costs linear, not
                                           # quadratic, in a microbatch's images. A 1280x720 screenshot: smart_resize
                                           # -> 1280x704 -> 80x44 = 3520 patches of 16, rounded up to 4096 as

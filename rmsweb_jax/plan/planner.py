@@ -14,7 +14,6 @@ import numpy as np
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import qwen3_vl, sharding
 from rmsweb_jax.models.from_config import rules_from_config
-from rmsweb_jax.models.qwen3_vl.config import group_decode_mode
 from rmsweb_jax.plan import chips, memory, programs
 from rmsweb_jax.model_init import RANDOM_PRESETS
 from rmsweb_jax.stages.salvage import train_config as salvage_train_config
@@ -260,7 +259,7 @@ def _sampling(stage, config, model_config, local, state, mesh, rules, chip, runt
         # From the first sampled token on, the head is the copy's: the training layout's shard goes unread (pruned).
         sizes["unread"] = state["head"] if layout != "training" else 0
     decode_rules = sharding.decode_rules(rules, layout)
-    if shapes.group_size > 1 and group_decode_mode(runtime.group_decode, math.prod(mesh.shape.values())) == "cascade":
+    if shapes.group_size > 1 and runtime.group_decode == "cascade":
         # One prompt cache per prompt (bucket slots), read by its G rows, and each row's own max_new slots
         # (kv_cache_bytes is linear in the slots: the difference is the rows' own cache alone).
         prompt_only = memory.kv_cache_bytes(model_config, runtime, mesh, rules, prefill_rows, shapes.prompt_len, 0)

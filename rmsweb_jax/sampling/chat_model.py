@@ -320,7 +320,7 @@ def loading_config(spec: str, config: ml_collections.ConfigDict | None) -> ml_co
         cfg.seed = 0
         cfg.model = ml_collections.ConfigDict(dict(param_dtype="float32", compute_dtype="float32",
                                                    remat_policy="none", attention_impl="auto", scan_layers=True,
-                                                   decode_layout="auto", decode_sharding="auto", group_decode="auto",
+                                                   decode_layout="auto", decode_sharding="auto", group_decode="cascade",
                                                    vision_window=0))
         cfg.mesh = ml_collections.ConfigDict(dict(shape=(1, 1, 1)))
         cfg.sharding_rules = None  # one device: the rules place nothing (None = models.sharding.DEFAULT_RULES)

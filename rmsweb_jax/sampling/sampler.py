@@ -4,8 +4,7 @@ Prompts are left-padded to a length bucket and the cache holds bucket + max_new_
 (batch, prompt bucket, max_new_tokens, patch bucket) combination compiles once. Vision runs only in
 the prefill; `generate_groups` draws G samples per prompt from one prefill. Its G rows decode over one copy of
 the prompt's KV cache, read once per group per step, plus each row's own cache (cascade attention,
-models/attention.py); RuntimeOptions.group_decode = "copy" (on a mesh under "auto") copies the prompt's cache to
-the G rows instead.
+models/attention.py); RuntimeOptions.group_decode = "copy" copies the prompt's cache to the G rows instead.
 Every sampled token comes with its log-probability under the temperature-scaled model distribution
 (before top-k / top-p truncation), which is what the RL losses need.
 """
@@ -25,7 +24,6 @@ from jax.experimental import multihost_utils
 from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl import decode
 from rmsweb_jax.models.qwen3_vl.model import ModelInputs, Qwen3VL, abstract_model, prepare_inputs, state_shardings
-from rmsweb_jax.models.qwen3_vl.config import group_decode_mode
 from rmsweb_jax.models.qwen3_vl.text import KVCache
 from rmsweb_jax.models.qwen3_vl.layers import DTYPES
 
@@ -175,6 +173,9 @@ class Sampler:
         inputs = prepare_inputs(self.model.config, ids, attention_mask=mask, pixel_values=pixel_values,
                                 image_grid_thw=image_grid_thw, pad_patches_to=pad_to,
                                 vision_window=self.model.runtime.vision_window)
+        # Whole on every device (_generate says why); left to XLA, these host arrays would arrive split by rows.
+        inputs = inputs._replace(**{name: _whole_on(np.asarray(getattr(inputs, name)), self.model.mesh)
+                                    for name in ("position_ids", "rope_deltas", "segment_ids")})
         return self._args(inputs, int(group_size), params, seed, real, self._graphdef, self._state,
                           self._decode_weights(), self._decode_text_state())
 
@@ -184,8 +185,7 @@ class Sampler:
         knobs = (np.float32(params.temperature), np.float32(params.top_p), np.int32(params.top_k))
         mode = (params.temperature == 0, params.top_k > 0, params.top_p < 1)
         decode_graphdef = None if self._decode is None else self._decode.graphdef
-        devices = 1 if self.model.mesh is None else self.model.mesh.size
-        cascade = group_size > 1 and group_decode_mode(self.model.runtime.group_decode, devices) == "cascade"
+        cascade = group_size > 1 and self.model.runtime.group_decode == "cascade"
         return (graphdef, state, step_weights, decode_graphdef, decode_text, inputs, params.max_new_tokens,
                 self.pad_id, stop, knobs, jax.random.key(seed), mode, group_size, real, cascade)
 
@@ -278,6 +278,17 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
     model = nnx.merge(graphdef, state)
     mesh, rules = model.mesh, model.rules
     temperature, top_p, top_k = knobs
+    # The decode rows' positions, rope deltas and prompt segment ids are taken from the inputs as the host placed
+    # them, whole on every device (Sampler._program_args), and kept whole until repeated: moving them to the
+    # real*group decode rows then needs no collective. Taken from the prefill's row-split copies, their collectives
+    # (collective-permutes, an all-reduce within pairs of devices on a (1, 8, 1) mesh at 4 prompts x G = 2) depended
+    # on the inputs alone, not on the prefill's layer loop, and XLA:CPU does not order a collective against a loop
+    # that holds collectives: one device waited in that all-reduce while its partner waited in the loop's weight
+    # all-gather over all 8, for ever (tests/sampling/test_mesh_group_decode.py).
+    # Next MRoPE position for every axis: one past the prompt's largest position (HF: cumsum + rope delta).
+    whole = functools.partial(_whole, mesh=mesh, rules=rules)
+    next_pos = whole(jnp.max(whole(inputs.position_ids), axis=(0, 2))[:real] + 1)
+    rope_deltas, prompt_segments = whole(inputs.rope_deltas[:real]), whole(inputs.segment_ids[:real].astype(jnp.int32))
     inputs = inputs._replace(**{name: _rows(getattr(inputs, name), axis, mesh, rules) for name, axis in
                                 (("input_ids", 0), ("segment_ids", 0), ("position_ids", 1), ("rope_deltas", 0))})
     cache_dtype = DTYPES[model.runtime.compute_dtype]
@@ -285,12 +296,11 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
     hidden, cache = model.hidden_states(
         inputs, KVCache.zeros(model.config.text, inputs.input_ids.shape[0], prompt_slots, cache_dtype))
     last_hidden = hidden[:, -1:]
-    # Next MRoPE position for every axis: one past the prompt's largest position (HF: cumsum + rope delta).
-    next_pos = jnp.max(inputs.position_ids, axis=(0, 2)) + 1
-    rope_deltas = inputs.rope_deltas
+    # The cache's segment ids are the prompt's (then 0 in the new tokens' slots): rebuilt from the host's copy.
+    segments = jnp.pad(prompt_segments, ((0, 0), (0, cache.segment_ids.shape[1] - prompt_segments.shape[1])))
     if real < last_hidden.shape[0]:  # the prefill's padding rows
-        last_hidden, next_pos, rope_deltas = last_hidden[:real], next_pos[:real], rope_deltas[:real]
-        cache = KVCache(cache.k[:, :real], cache.v[:, :real], cache.segment_ids[:real], cache.index)
+        last_hidden, cache = last_hidden[:real], KVCache(cache.k[:, :real], cache.v[:, :real], None, cache.index)
+    cache = cache._replace(segment_ids=segments)
     prefix = None
     if group > 1:
         last_hidden, next_pos, rope_deltas = (jnp.repeat(x, group, axis=0)
@@ -353,6 +363,20 @@ def _rows(x: jax.Array, row_axis: int, mesh, rules) -> jax.Array:
     axes = [None] * x.ndim
     axes[row_axis] = "batch"
     return sharding.constrain(x, tuple(axes), mesh, rules)
+
+
+def _whole_on(x: np.ndarray, mesh) -> np.ndarray | jax.Array:
+    """Returns host array `x` placed whole (replicated) on every device of `mesh` (as it is without a mesh). Every
+    process passes the same `x`; each places the copies on its own devices."""
+    if mesh is None or mesh.size == 1:
+        return x
+    return jax.make_array_from_callback(x.shape, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+                                        lambda index: x[index])
+
+
+def _whole(x: jax.Array, mesh, rules) -> jax.Array:
+    """Returns `x` constrained to be whole (replicated) on every device of the mesh."""
+    return sharding.constrain(x, (None,) * x.ndim, mesh, rules)
 
 
 def _place_cache(cache, mesh, rules):

@@ -91,14 +91,8 @@ def test_sharded_group_sampling_decodes_the_unsharded_repeated_prompts(checkpoin
     settings = SamplingParams(max_new_tokens=8, temperature=1.0)
     want = Sampler(params.from_hf(d)).generate([p for p in prompts for _ in range(2)], settings, seed=2)
     model = params.from_hf(d, mesh=sharding.make_mesh((1, 2, 4)),
-                           runtime=RuntimeOptions(decode_layout="stacked", group_decode="cascade"))  # auto: copy here
+                           runtime=RuntimeOptions(decode_layout="stacked"))
+    assert model.runtime.group_decode == "cascade"
     got = Sampler(model).generate_groups(prompts, 2, settings, seed=2)
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
-
-
-def test_group_decode_auto_is_cascade_on_one_device_and_copy_on_a_mesh():
-    from rmsweb_jax.models.qwen3_vl.config import group_decode_mode
-    assert RuntimeOptions().group_decode == "auto"
-    assert [group_decode_mode("auto", n) for n in (1, 2, 8)] == ["cascade", "copy", "copy"]
-    assert [group_decode_mode(s, 8) for s in ("cascade", "copy")] == ["cascade", "copy"]

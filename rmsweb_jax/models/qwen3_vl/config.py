@@ -18,16 +18,7 @@ SUPPORTED_MODEL_TYPES = ("qwen3_vl",)
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims", "save_attention_out")
 ATTENTION_IMPLS = ("auto", "xla", "splash", "cudnn")
 DECODE_LAYOUTS = ("auto", "stacked", "per_layer")
-GROUP_DECODES = ("auto", "cascade", "copy")
-
-
-def group_decode_mode(setting: str, devices: int) -> str:
-    """Returns how G samples of a prompt decode ("cascade" or "copy") under RuntimeOptions.group_decode `setting`
-    on `devices` devices: "auto" is cascade on one device and copy on a mesh. On a (1, 8, 1) CPU mesh, the cascade's
-    mining program (4 prompts x G = 2 over 8 devices) deadlocked XLA:CPU's collectives (an all-gather over 8
-    devices and an all-reduce over 2 waiting on each other, 2026-12-05), so a mesh keeps the copy until its layout
-    of the shared prompt cache is fixed; "cascade" asks for it anyway."""
-    return ("cascade" if devices == 1 else "copy") if setting == "auto" else setting
+GROUP_DECODES = ("cascade", "copy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,9 +196,8 @@ class RuntimeOptions:
     decode_sharding: str = "auto"
     # How the sampler decodes G samples of one prompt (Sampler.generate_groups): "cascade" keeps one copy of the
     # prompt's KV cache that the G rows read together, plus each row's own cache (models/attention.py); "copy"
-    # copies the prompt's cache to the G rows (G reads of it per step); "auto": cascade on one device, copy on a
-    # mesh (group_decode_mode says why).
-    group_decode: str = "auto"
+    # copies the prompt's cache to the G rows (G reads of it per step; kept for the bench's comparison).
+    group_decode: str = "cascade"
     # The most patches one image (one frame) given to the vision tower may have: its attention then runs
     # over the band of this many patches around each patch, exact and linear in the number of images
     # (models/attention.py). 0: over the whole microbatch, quadratic. A larger image is refused on the host

@@ -28,6 +28,8 @@ from rmsweb_jax.web.page_reader import cdp_send
 from rmsweb_jax.web.safety import RequestPolicy
 
 _LOCAL_RESOURCE = "Not allowed to load local resource:"
+# The open guards of each remote endpoint in this process (a shared browser): whose frame a request is.
+_GUARDS_ON_ENDPOINT: dict[str, set] = {}
 _BLANK = ("about:blank", "")
 
 
@@ -56,13 +58,22 @@ class ContextGuard:
     `active` is the page actions go to, chosen by settle() after each action; when the active
     page closes, the most recent open page takes over. `crashed` turns True when any page's
     renderer crashes. `session(page)` is the page's CDP session (used for observations).
-    The context must be the only one of its browser while the guard is open (the interceptor
-    sees the whole browser), and must carry `policy.context_proxy()`.
+    The context must carry `policy.context_proxy()`. The interceptor sees the whole browser: with
+    `shared_browser` False the context must be its browser's only one while the guard is open. A remote
+    browser (web.cdp_endpoint) is shared by every worker the pool gives its endpoint, each with its own
+    context and policy, and every guard's interceptor pauses every context's requests: there (`endpoint`
+    names it) each guard judges only its own context's requests and lets the others' go on to their own
+    guard (_owner says whose a request is; one it cannot place is judged, so that nothing of its own slips
+    through).
     """
 
-    def __init__(self, context, policy: RequestPolicy):
+    def __init__(self, context, policy: RequestPolicy, *, endpoint: str | None = None):
         self.context = context
         self.policy = policy
+        self.endpoint = endpoint
+        self.shared_browser = endpoint is not None
+        self._context_id: str | None = None  # CDP's browserContextId of `context` (shared browser)
+        self._target_contexts: dict[str, str] = {}  # targetId -> browserContextId, every target's (shared browser)
         self.log = EventLog()
         self.pages: list = []
         self.active = None
@@ -78,16 +89,24 @@ class ContextGuard:
         guarded, and returns it."""
         if self._interceptor is None:
             session = await self.context.browser.new_browser_cdp_session()
+            if self.shared_browser:
+                session.on("Target.targetCreated", self._on_target)
+                session.on("Target.targetInfoChanged", self._on_target)
+                await cdp_send(session, "Target.setDiscoverTargets", {"discover": True})
             session.on("Fetch.requestPaused", lambda event: self._spawn(self._on_paused(session, event)))
             await cdp_send(session, "Fetch.enable", {"patterns": self._patterns()})
             self._interceptor = session
         page = await self.context.new_page()
-        await self.session(page)
+        cdp = await self.session(page)
+        if self.shared_browser and self._context_id is None:
+            self._context_id = (await cdp_send(cdp, "Target.getTargetInfo", {}))["targetInfo"]["browserContextId"]
+            _GUARDS_ON_ENDPOINT.setdefault(self.endpoint, set()).add(self)
         return page
 
     async def close(self) -> None:
         """Stops intercepting (before the context closes, so that the next context's guard is
         the browser's only interceptor)."""
+        _GUARDS_ON_ENDPOINT.get(self.endpoint, set()).discard(self)
         session, self._interceptor = self._interceptor, None
         if session is not None:
             await session.detach()
@@ -122,8 +141,56 @@ class ContextGuard:
         pattern = {"urlPattern": "*", "requestStage": "Request"}
         return [pattern if self.policy.check_subresources else {**pattern, "resourceType": "Document"}]
 
+    def _on_target(self, event) -> None:
+        info = event["targetInfo"]
+        if info.get("browserContextId"):
+            self._target_contexts[info["targetId"]] = info["browserContextId"]
+
+    async def _owner(self, session, frame_id: str | None) -> str | None:
+        """Returns the browserContextId whose page or frame `frame_id` is (None: it cannot be placed). A page's
+        main frame is its target; a frame inside a page is looked up in the pages of this process's guards
+        on the same endpoint."""
+        if frame_id in self._target_contexts:
+            return self._target_contexts[frame_id]
+        for guard in [self, *(g for g in _GUARDS_ON_ENDPOINT.get(self.endpoint, ()) if g is not self)]:
+            if await guard._shows_frame(frame_id):
+                return guard._context_id
+        for info in (await cdp_send(session, "Target.getTargets", {}))["targetInfos"]:  # a target not yet announced
+            self._on_target({"targetInfo": info})
+        return self._target_contexts.get(frame_id)
+
+    async def _shows_frame(self, frame_id: str | None) -> bool:
+        """Returns whether one of this guard's pages holds frame `frame_id`."""
+        for cdp in list(self._sessions.values()):
+            try:
+                tree = (await cdp_send(cdp, "Page.getFrameTree", {}))["frameTree"]
+            except PlaywrightError:
+                continue  # that page went away
+            stack = [tree]
+            while stack:
+                node = stack.pop()
+                if node["frame"]["id"] == frame_id:
+                    return True
+                stack.extend(node.get("childFrames", ()))
+        return False
+
+    async def _judges(self, session, frame_id: str | None) -> bool:
+        """Returns whether this guard judges a request of `frame_id` in a shared browser: its own context's, and
+        one that cannot be placed; not another context's (its own guard judges it), nor any before this
+        guard's context has a page (none of those is its own)."""
+        if self._context_id is None:
+            return False
+        owner = await self._owner(session, frame_id)
+        return owner is None or owner == self._context_id
+
     async def _on_paused(self, session, event) -> None:
         url, kind = event["request"]["url"], event.get("resourceType", "Other")
+        try:
+            if self.shared_browser and not await self._judges(session, event.get("frameId")):
+                await cdp_send(session, "Fetch.continueRequest", {"requestId": event["requestId"]})
+                return
+        except PlaywrightError:
+            return  # the request or the browser session went away meanwhile
         reason = self.policy.blocked_reason(url, kind.lower())
         try:
             if reason is None:

@@ -300,7 +300,7 @@ class BrowserWorker:
                 proxy=policy.context_proxy(), **(self._tape.context_options() if self._tape else {}))
             if self._tape is not None:
                 await self._tape.attach(self._context)
-            self._guard = ContextGuard(self._context, policy)
+            self._guard = ContextGuard(self._context, policy, endpoint=self.endpoint)
             await self._guard.open_page()
         else:
             await self._guard.set_policy(policy)

@@ -5,7 +5,9 @@ every request it receives, WebSocket upgrades and EventSource streams included.
 Each attack is a page whose one big button makes the request; the agent clicks it. The test
 then waits until the attempt has played out (the off host recorded it, the guard reported it
 blocked, or the page saw it fail) and checks that 0 requests reached the off host and that the
-page the agent sees is still the task's.
+page the agent sees is still the task's. Every test runs twice: on a Chromium the worker launches, and on a
+remote one driven over CDP (web.cdp_endpoint), where the guard's interceptor and the strict mode's proxy must
+hold the same.
 """
 import http.server
 import threading
@@ -18,6 +20,7 @@ from rmsweb_jax.suites.live import LiveSuite
 from rmsweb_jax.suites.task import Task
 from rmsweb_jax.web.actions import Action
 from rmsweb_jax.web.worker import BrowserWorker, WorkerConfig
+from tests.web.remote_chromium import RemoteChromium, free_port
 
 pytestmark = pytest.mark.browser
 SETTLE_TIMEOUT_S = 10.0
@@ -125,23 +128,41 @@ def servers():
     off.close()
 
 
-def _worker(loop, strict):
+def _worker(loop, strict, endpoint=None):
     worker = BrowserWorker(LiveSuite(viewport=(400, 300), settle_s=0.05, check_subresources=strict),
-                           WorkerConfig(step_timeout_s=20, navigation_timeout_s=10))
+                           WorkerConfig(step_timeout_s=20, navigation_timeout_s=10,
+                                        cdp_endpoints=(endpoint,) if endpoint else ()))
     loop.run(worker.start(), 120)
     return worker
 
 
 @pytest.fixture(scope="module")
-def default_worker(loop):
-    worker = _worker(loop, strict=False)
+def remote_browser(tmp_path_factory):
+    """A Chromium the test starts with --remote-debugging-port (web.cdp_endpoint): the guard must hold there too.
+    The default and the strict worker share it, open at once, as a pool's workers share an endpoint: each guard
+    must judge its own context's requests only (one policy's refusals and log never land on the other)."""
+    browser = RemoteChromium(free_port(), tmp_path_factory.mktemp("remote") / "profile")
+    browser.start()
+    yield browser
+    browser.kill()
+
+
+@pytest.fixture(scope="module", params=["local", "remote"])
+def where(request):
+    """Where the guarded browsers run: launched by the worker, or a remote Chromium over CDP."""
+    return request.getfixturevalue("remote_browser").http if request.param == "remote" else None
+
+
+@pytest.fixture(scope="module")
+def default_worker(loop, where):
+    worker = _worker(loop, strict=False, endpoint=where)
     yield worker
     loop.run(worker.close(), 60)
 
 
 @pytest.fixture(scope="module")
-def strict_worker(loop):
-    worker = _worker(loop, strict=True)
+def strict_worker(loop, where):
+    worker = _worker(loop, strict=True, endpoint=where)
     yield worker
     loop.run(worker.close(), 60)
 

@@ -46,8 +46,9 @@ from rmsweb_jax.stages.sft_split import saved_split
 from rmsweb_jax.suites.from_config import suite_from_config
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
-# sft's split.json always (whatever mine.checkpoint names); config.collect for the rollouts' browsers and judge.
-CONFIG_READS = ("mine", "data", "prompt", "collect", *MODEL_LOADING, "seed")
+# sft's split.json always (whatever mine.checkpoint names); config.collect and config.web for the rollouts'
+# browsers and judge.
+CONFIG_READS = ("mine", "data", "prompt", "collect", "web", *MODEL_LOADING, "seed")
 INPUT_STAGES = {"sft": None}
 OUTPUTS = {"mine/states.arrayrecord": None, "mine/summary.json": None, "mine/report.json": None}
 FRESH_START = ("mine",)  # a rerun for a change starts afresh (manifest.py)

@@ -154,7 +154,9 @@ def test_the_demo_runs_the_whole_recipe_and_its_argument_is_the_run_seed():
     from rmsweb_jax.stages.salvage import train_config
     from configs.demo import get_config
     config = get_config()
-    assert entry.stage_names(config.stages) == ["model", "collect", "sft", "mine", "salvage", "eval", "table"]
+    assert entry.stage_names(config.stages) == ["model", "collect", "ground", "sft", "mine", "salvage", "eval",
+                                                "table"]
+    assert config.sft.init == "ground"  # SFT starts from the grounded checkpoint (issue 26)
     assert set(config.eval.policies.split(",")) >= {"sft", "salvage"}  # the table's policy rows
     # Salvage-DS trains with its own batch, with room for anchor rows beside B x G policy rows.
     salvage = train_config(config).train

@@ -67,7 +67,8 @@ def test_batch_that_does_not_divide_over_the_mesh_reaches_the_user(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     proc = subprocess.run(
         [sys.executable, "-m", "rmsweb_jax.main", "--config=configs/demo.py", f"--workdir={tmp_path}",
-         "--config.stages=sft", "--config.train.batch_size=3", f"--config.data.store_dir={store}"],
+         "--config.stages=sft", "--config.sft.init=model", "--config.train.batch_size=3",
+         f"--config.data.store_dir={store}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
     assert "config.train.batch_size = 3 with 1 microbatch(es) gives 3 rows per microbatch, which do not divide " \

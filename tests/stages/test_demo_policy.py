@@ -16,6 +16,7 @@ def _demo_config(steps: int, rows: int):
     c = get_config()
     c.mesh.shape = (1, 1, 1)
     c.collect.progress = False
+    c.sft.init = "model"  # these tests train SFT alone, from the preset
     c.train.batch_size = rows
     c.train.optimizer.warmup_steps = 2
     c.train.optimizer.total_steps = steps

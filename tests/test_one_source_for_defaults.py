@@ -15,7 +15,8 @@ from rmsweb_jax.collect.retries import CollectSettings, RetryCollector
 from rmsweb_jax.collect.store import StoreWriter
 from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches, SFTDataConfig, encode_example, split_by_task
 from rmsweb_jax.sampling.serve import SERVE_DEFAULTS, ChatServer, ServeSettings, define_flags
-from rmsweb_jax.stages.salvage import TRAIN_OVERRIDES, train_config
+from rmsweb_jax.stages.salvage import train_config
+from rmsweb_jax.stages.train_overrides import TRAIN_OVERRIDES
 from rmsweb_jax.train.rl_loss import RLLossSettings
 
 # settings class -> the block it is read from (None: not a config block; SERVE_DEFAULTS holds its values)

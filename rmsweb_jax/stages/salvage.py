@@ -44,6 +44,7 @@ from rmsweb_jax.sampling.chat_model import ChatModel, default_stop_token_ids
 from rmsweb_jax.sampling.sampler import SamplingParams
 from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING, TRAINER_CADENCE
+from rmsweb_jax.stages.train_overrides import with_train_overrides
 from rmsweb_jax.train.loop import Trainer
 from rmsweb_jax.train.loss import resolve_loss_impl
 from rmsweb_jax.train.rl_loss import RLLossSettings, make_salvage_loss
@@ -62,35 +63,10 @@ NON_RESULT_FIELDS = TRAINER_CADENCE  # ... but not for a change of these alone
 NAME = "salvage"
 
 
-# config.salvage.train field -> the config.train field it replaces; None keeps config.train's (configs/common.py)
-TRAIN_OVERRIDES = {"batch_size": ("batch_size",), "total_steps": ("optimizer", "total_steps"),
-                   "lr": ("optimizer", "lr"), "warmup_steps": ("optimizer", "warmup_steps"),
-                   "end_lr_fraction": ("optimizer", "end_lr_fraction")}
-
-
 def train_config(config) -> ml_collections.ConfigDict:
     """Returns a copy of `config` whose `train` block is what Salvage-DS trains with: config.train (the SFT
     stage's) with every config.salvage.train field that is not None written over it."""
-    out = config.copy_and_resolve_references()
-    overrides = config.salvage.get("train")
-    if overrides is None:
-        return out
-    unknown = sorted(set(overrides.keys()) - set(TRAIN_OVERRIDES))
-    if unknown:
-        raise UserError(f"config.salvage.train has unknown field(s) {unknown}: expected some of {sorted(TRAIN_OVERRIDES)}")
-    for name, path in TRAIN_OVERRIDES.items():
-        value = overrides.get(name)
-        if value is None:
-            continue
-        if (name in ("batch_size", "total_steps") and value < 1) or (name == "lr" and value <= 0) or \
-                (name == "end_lr_fraction" and not 0 <= value <= 1) or (name == "warmup_steps" and value < 0):
-            raise UserError(f"config.salvage.train.{name} = {value!r}: out of range (None keeps "
-                            f"config.train.{'.'.join(path)})")
-        node = out.train
-        for key in path[:-1]:
-            node = node[key]
-        node[path[-1]] = type(node[path[-1]])(value)
-    return out
+    return with_train_overrides(config, "salvage")
 
 
 def check_config(config, workdir) -> tuple:

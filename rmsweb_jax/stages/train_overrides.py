@@ -2,8 +2,7 @@
 
 Not a stage: a helper the training stages share, like links.py and manifest.py (a stage never imports
 another stage). The ground stage trains with config.train (the sft stage's) with config.ground.train's
-values that are not None written over it; salvage.train works the same way (stages/salvage.py train_config,
-which predates this helper).
+values that are not None written over it, and salvage does the same with config.salvage.train.
 """
 from __future__ import annotations
 

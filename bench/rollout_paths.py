@@ -36,7 +36,7 @@ def demo_config(quick: bool):
     c.mine.batch_states = 4 if quick else c.mine.batch_states
     c.mine.samples = 4 if quick else c.mine.samples
     c.mine.max_new_tokens = 24 if quick else c.mine.max_new_tokens
-    c.salvage.train.total_steps = 2 if quick else 4
+    c.salvage.train.total_steps = 2 if quick else 8
     c.salvage.train.warmup_steps = 1
     c.salvage.train.batch_size = 8 if quick else c.salvage.train.batch_size
     c.salvage.group_size = 4 if quick else c.salvage.group_size

@@ -1,6 +1,6 @@
 """The `sft` stage: supervised fine-tuning on the store's successful, reflection-free steps.
 
-    python -m rmsweb_jax.main --config=configs/demo.py --config.stages=sft --workdir=/tmp/run
+    python -m rmsweb_jax.main --config=configs/demo.py --config.stages=ground,sft --workdir=/tmp/run
 
 Reads the trajectory store (config.data.store_dir, default <workdir>/store), holds out
 config.data.held_out_fraction of the task groups (the `action_accuracy` stage evaluates them),

@@ -1,7 +1,7 @@
 """The `table` stage: RMSWeb's table (collection, policies on held-out seeds, mining), demo_table.{md,json}.
 
     python -m rmsweb_jax.main --config=configs/demo.py --workdir=/tmp/run \
-        --config.stages=collect,sft,mine,salvage,eval,table [--config.ablations=True]
+        --config.stages=collect,ground,sft,mine,salvage,eval,table [--config.ablations=True]
 
 The rows the main stages do not give are run as variants, each in <workdir>/variants/<name>/ through the
 same stage runner (rmsweb_jax/stages/pipeline.py) with a copy of the config and a few fields changed, so

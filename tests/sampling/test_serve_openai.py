@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 
 import jax
@@ -258,7 +259,12 @@ def test_metrics_count_requests_tokens_and_latency(server, client, model):
 def test_each_request_writes_one_log_line(client, model, caplog):
     caplog.set_level(logging.INFO, logger="absl")
     reply = create(client, model, user="agent-3")
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request ")]
+    # the handler logs after the reply is written (latency includes the write): the client can read it first
+    deadline, lines = time.monotonic() + 10, []
+    while not lines and time.monotonic() < deadline:
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request ")]
+        time.sleep(0.01)
+    assert lines, "the server logged no 'request ...' line within 10 s of its reply"
     assert lines == [f"request {reply.id} status=200 tokens_in={reply.usage.prompt_tokens} "
                      f"tokens_out={reply.usage.completion_tokens} latency_s={lines[0].split('latency_s=')[1]}"]
     assert lines[0].endswith(" user=agent-3") and float(lines[0].split("latency_s=")[1].split()[0]) > 0

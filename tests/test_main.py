@@ -151,7 +151,7 @@ def test_shipped_configs_are_valid(name):
 
 
 def test_the_demo_runs_the_whole_recipe_and_its_argument_is_the_run_seed():
-    from rmsweb_jax.stages.salvage import train_config
+    from rmsweb_jax.stages.train_overrides import with_train_overrides
     from configs.demo import get_config
     config = get_config()
     assert entry.stage_names(config.stages) == ["model", "collect", "ground", "sft", "mine", "salvage", "eval",
@@ -159,7 +159,7 @@ def test_the_demo_runs_the_whole_recipe_and_its_argument_is_the_run_seed():
     assert config.sft.init == "ground"  # SFT starts from the grounded checkpoint (issue 26)
     assert set(config.eval.policies.split(",")) >= {"sft", "salvage"}  # the table's policy rows
     # Salvage-DS trains with its own batch, with room for anchor rows beside B x G policy rows.
-    salvage = train_config(config).train
+    salvage = with_train_overrides(config, "salvage").train
     assert salvage.batch_size > config.salvage.groups_per_step * config.salvage.group_size
     assert salvage.optimizer.total_steps < config.train.optimizer.total_steps
     one, two = get_config("1"), get_config("2")

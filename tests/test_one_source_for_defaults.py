@@ -15,7 +15,7 @@ from rmsweb_jax.collect.retries import CollectSettings, RetryCollector
 from rmsweb_jax.collect.store import StoreWriter
 from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches, SFTDataConfig, encode_example, split_by_task
 from rmsweb_jax.sampling.serve import SERVE_DEFAULTS, ChatServer, ServeSettings, define_flags
-from rmsweb_jax.stages.salvage import train_config
+from rmsweb_jax.stages.train_overrides import with_train_overrides
 from rmsweb_jax.stages.train_overrides import TRAIN_OVERRIDES
 from rmsweb_jax.train.rl_loss import RLLossSettings
 
@@ -84,4 +84,4 @@ def test_salvage_train_has_one_keep_sentinel():
     config = base_config()
     assert set(config.salvage.train.keys()) == set(TRAIN_OVERRIDES)
     assert all(config.salvage.train[k] is None for k in TRAIN_OVERRIDES)  # None keeps config.train's value
-    assert train_config(config).train.to_dict() == config.train.to_dict()
+    assert with_train_overrides(config, "salvage").train.to_dict() == config.train.to_dict()

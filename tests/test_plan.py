@@ -137,6 +137,20 @@ def test_the_salvage_plan_uses_salvage_s_own_batch():
     assert doubled.flops == pytest.approx(2 * base.flops, rel=1e-6)  # the step's FLOPs scale with its rows
 
 
+def test_the_ground_stage_is_planned_as_sft_at_its_own_batch():
+    config = _preset("qwen3_vl_8b_sft:v6e")
+    config.stages = ("ground", "sft")
+    kwargs = dict(chip_name=config.plan.chip, topology=config.plan.topology, mfu=0.4, usable_fraction=0.9)
+    stages = {s.stage: s for s in plan(config, **kwargs).stages}
+    assert stages["ground"].train_peak == stages["sft"].train_peak  # ground.train's None: config.train's batch
+    assert stages["ground"].flops == stages["sft"].flops
+    config.ground.train.batch_size = 2 * config.train.batch_size
+    doubled = {s.stage: s for s in plan(config, **kwargs).stages}
+    assert doubled["ground"].flops == pytest.approx(2 * stages["sft"].flops, rel=1e-6)
+    assert doubled["ground"].activations > stages["sft"].activations
+    assert doubled["sft"].flops == stages["sft"].flops  # SFT keeps config.train's
+
+
 def test_the_group_kv_cache_is_one_prompt_plus_g_own_caches():
     """Salvage samples G per prompt: under group_decode "cascade" the plan counts each prompt's cache once and G
     rows of max_new slots; "copy" counts the prompt's cache and its G copies (prompt + max_new slots each)."""

@@ -260,11 +260,11 @@ class PromptBuilder:
     def element_list(self, obs: Observation) -> str:
         """Returns the page's elements (id, role, name, value, state, centre in the action's coordinates)."""
         cfg, space = self.config, obs.coordinate_space
-        shown = [e for e in obs.elements if e.interactive or e.name.strip()]
+        shown = shown_elements(obs)
         lines = []
         for e in shown[:cfg.max_elements]:
             x, y = space.from_css(e.bbox.center, obs.viewport)
-            name = e.name if len(e.name) <= cfg.max_element_name else e.name[:cfg.max_element_name - 3] + "..."
+            name = shown_name(e.name, cfg)
             value = f" value={json.dumps(e.value, ensure_ascii=False)}" if e.value else ""
             state = "".join(f" {s}" for s in element_states(e, obs))
             lines.append(f"[{e.id}] {e.role} {json.dumps(name, ensure_ascii=False)}{value}{state} at [{x}, {y}]")
@@ -307,6 +307,17 @@ class PromptBuilder:
         parts.append(_text(f"Judge's verdict: {req.verdict}\nReason: {req.verdict_reason}\n\n"
                            "Write the reflection: which step went wrong, what went wrong, and what to do instead."))
         return [{"role": "system", "content": system}, {"role": "user", "content": _end(parts)}]
+
+
+def shown_elements(obs: Observation) -> list[Element]:
+    """Returns the elements the prompt's element list shows, in its order, before its cap of
+    PromptConfig.max_elements: those that are interactive or named."""
+    return [e for e in obs.elements if e.interactive or e.name.strip()]
+
+
+def shown_name(name: str, config: PromptConfig) -> str:
+    """Returns `name` as the element list prints it: cut to config.max_element_name characters, '...' marking a cut."""
+    return name if len(name) <= config.max_element_name else name[:config.max_element_name - 3] + "..."
 
 
 def element_states(element: Element, obs: Observation) -> tuple[str, ...]:

@@ -134,7 +134,7 @@ class CollectSettings:
     progress_label: str  # the progress bar's name: not a config field (from_config: "collect"; eval and
                          # mine's rollouts, which play through this loop too, replace it with their stage's)
     replay: str  # not a config field: eval.replay's recordings folder ("" = play live; from_config: "")
-    cdp_endpoints: tuple[str, ...]  # config.web's (cdp_endpoints): remote browsers; from_config: () = local ones
+    cdp_endpoints: tuple[str, ...]  # config.web's (cdp_endpoints): remote browsers; () = local ones
 
     def __post_init__(self):
         if self.retry_mode not in RETRY_MODES:
@@ -154,12 +154,14 @@ class CollectSettings:
                             f"batch_window_s = {self.batch_window_s!r} >= 0")
 
     @classmethod
-    def from_config(cls, collect) -> "CollectSettings":
+    def from_config(cls, collect, web=None) -> "CollectSettings":
         """Returns the collect stage's settings of a config.collect-shaped block (each field read under its own
-        name; the progress bar named "collect")."""
+        name; the progress bar named "collect") and config.web's remote browsers (web None: local browsers);
+        raises UserError naming the key of a bad value."""
         return cls(**{**block_fields(cls, collect, "config.collect",
                                      optional=("progress_label", "replay", "cdp_endpoints")),
-                      "progress_label": "collect", "replay": "", "cdp_endpoints": ()})
+                      "progress_label": "collect", "replay": "",
+                      "cdp_endpoints": () if web is None else cdp_endpoints(web)})
 
     def worker_config(self, store_dir) -> WorkerConfig:
         """Returns the browser workers' settings: recording into store_dir/recordings (record "har"), or

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rmsweb_jax.agents.policy import StepContext
-from rmsweb_jax.agents.prompt import PromptBuilder, PromptConfig
+from rmsweb_jax.agents.prompt import PromptBuilder, PromptConfig, shown_elements, shown_name
 from rmsweb_jax.collect.sft_view import SFTView
 from rmsweb_jax.data.sft import EncodeSFTExample, encode_turn
 from rmsweb_jax.errors import UserError
@@ -77,17 +77,14 @@ class GroundingRow:
 
 
 def listed_elements(obs: Observation, config: PromptConfig) -> list[Element]:
-    """Returns the elements the prompt's element list shows, in its order (PromptBuilder.element_list's rule:
-    interactive or named, the first config.max_elements)."""
-    return [e for e in obs.elements if e.interactive or e.name.strip()][:config.max_elements]
+    """Returns the elements the prompt's element list shows, in its order: the first config.max_elements."""
+    return shown_elements(obs)[:config.max_elements]
 
 
 def element_description(element: Element, config: PromptConfig) -> str:
     """Returns how an instruction names `element`: its role and its name as the element list prints it (JSON-quoted,
     cut to config.max_element_name characters); the role alone for an unnamed element."""
-    name = element.name
-    if len(name) > config.max_element_name:
-        name = name[:config.max_element_name - 3] + "..."
+    name = shown_name(element.name, config)
     return f"{element.role} {json.dumps(name, ensure_ascii=False)}" if name.strip() else element.role
 
 

@@ -47,7 +47,7 @@ from rmsweb_jax import storage
 from rmsweb_jax.agents.policy import Policy
 from rmsweb_jax.collect.records import StepRecord, TrajectoryRecord
 from rmsweb_jax.collect.report import check_store_success_rule
-from rmsweb_jax.collect.retries import CollectSettings, CollectSummary, RetryCollector, cdp_endpoints
+from rmsweb_jax.collect.retries import CollectSettings, CollectSummary, RetryCollector
 from rmsweb_jax.collect.store import REFLECTION, StoreWriter, TrajectoryStore
 from rmsweb_jax.collect.store_layout import STORE_FILE
 from rmsweb_jax.collect.store_provenance import policy_provenance
@@ -124,8 +124,8 @@ def run_rollouts(config, workdir: str | os.PathLike, policy: Policy, tasks_and_s
                      policy=policy.name, provenance=policy_provenance(policy)) as store:
         check_store_success_rule(store.trajectories(), cfg.success, target)
         # The browsers are the collection's: local, or the remote Chromiums of web.cdp_endpoint.
-        settings = dataclasses.replace(CollectSettings.from_config(cfg), attempts=1, retry_mode=REFLECTION,
-                                       progress_label="mine", cdp_endpoints=cdp_endpoints(config.web))
+        settings = dataclasses.replace(CollectSettings.from_config(cfg, config.web), attempts=1,
+                                       retry_mode=REFLECTION, progress_label="mine")
         collector = RetryCollector(suite, policy, judge, store, settings)
         summary = collector.run_pairs(pairs)
     host_shares.merge_when_played(store_dir, "rollouts")

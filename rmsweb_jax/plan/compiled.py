@@ -16,6 +16,7 @@ from rmsweb_jax.plan.planner import GiB, Plan
 
 # The programs each stage runs, and which of the stage's planned figures each is held to.
 STAGE_PROGRAMS = {
+    "ground": (("ground_step", "train_peak"),),
     "sft": (("sft_step", "train_peak"),),
     "train_smoke": (("train_smoke_step", "train_peak"),),
     "salvage": (("salvage_step", "train_peak"), ("salvage_generate", "sampling_peak")),

@@ -48,7 +48,7 @@ from rmsweb_jax.train.loss import make_sft_loss
 from rmsweb_jax.train.optimizer import OptimizerConfig, make_optimizer
 from rmsweb_jax.train.step import ModelParts, param_shardings, train_state_shardings
 
-TRAIN_STAGES = ("sft", "salvage", "train_smoke")
+TRAIN_STAGES = ("ground", "sft", "salvage", "train_smoke")
 SAMPLING_STAGES = ("mine", "salvage")
 
 

@@ -16,7 +16,6 @@ from rmsweb_jax.models import qwen3_vl, sharding
 from rmsweb_jax.models.from_config import rules_from_config
 from rmsweb_jax.plan import chips, memory, programs
 from rmsweb_jax.model_init import RANDOM_PRESETS
-from rmsweb_jax.stages.salvage import train_config as salvage_train_config
 from rmsweb_jax.train.batch import check_batch_layout
 from rmsweb_jax.train.metrics import train_flops
 
@@ -187,8 +186,8 @@ def _stage(stage, config, model_config, state, mesh, rules, chip, devices, mfu) 
                  unread=0)
     flops = device_flops = 0.0
     if train:
-        # Salvage-DS trains with config.salvage.train over config.train (its own batch size, e.g.)
-        train_block = salvage_train_config(config).train if stage == "salvage" else config.train
+        # ground and Salvage-DS train with config.<stage>.train over config.train (their own batch size, e.g.)
+        train_block = programs.stage_config(config, stage).train
         batch, micro = int(train_block.batch_size), int(train_block.microbatches)
         try:
             rows = check_batch_layout(batch, micro, mesh)

@@ -22,7 +22,7 @@ from rmsweb_jax.models.from_config import runtime_from_config
 from rmsweb_jax.models.qwen3_vl.model import ModelInputs, VisionInputs, state_shardings
 from rmsweb_jax.plan.memory import prompt_bucket
 from rmsweb_jax.sampling.sampler import Sampler, SamplingParams
-from rmsweb_jax.stages.salvage import train_config as salvage_train_config
+from rmsweb_jax.stages.train_overrides import with_train_overrides
 from rmsweb_jax.train.batch import TrainBatch, batch_shardings
 from rmsweb_jax.train.logprobs import logprob_fn
 from rmsweb_jax.train.loss import make_sft_loss, resolve_loss_impl
@@ -53,9 +53,19 @@ class Shapes:
     group_size: int            # sampler: rows decoded per prefilled prompt
 
 
+STAGES_WITH_TRAIN_OVERRIDES = ("ground", "salvage")  # config.<stage>.train over config.train (stages/train_overrides.py)
+
+
+def stage_config(config, stage: str):
+    """Returns `config` as training stage `stage` runs it: config.train with config.<stage>.train's values over it
+    ('ground' and 'salvage' have such a block; for the others it is config.train as it is)."""
+    return with_train_overrides(config, stage) if stage in STAGES_WITH_TRAIN_OVERRIDES else config
+
+
 def train_shapes(config, stage: str) -> Shapes:
-    """Returns the training shapes of `stage` ('sft', 'salvage', 'train_smoke') under `config`."""
-    block = salvage_train_config(config).train if stage == "salvage" else config.train
+    """Returns the training shapes of `stage` ('sft', 'ground', 'salvage', 'train_smoke') under `config`: the
+    ground stage trains on SFT's bucketed batches (stages/ground.py), at its own batch size."""
+    block = stage_config(config, stage).train
     micro = int(block.microbatches)
     rows = int(block.batch_size) // micro
     if stage == "train_smoke":
@@ -115,8 +125,9 @@ def train_batch(model_config, shapes: Shapes, mesh, rules, extras: tuple[str, ..
 
 
 def train_step(config, model_config, mesh, rules, stage: str = "sft") -> Program:
-    """Returns the trainer's jitted step (SFT loss, or Salvage-DS's for stage 'salvage') on abstract inputs."""
-    block = salvage_train_config(config) if stage == "salvage" else config
+    """Returns the trainer's jitted step (SFT loss, also the ground stage's, or Salvage-DS's for stage 'salvage')
+    on abstract inputs."""
+    block = stage_config(config, stage)
     settings = TrainSettings.from_config(block.train)
     model = qwen3_vl.abstract_model(model_config, runtime_from_config(config.model), mesh=mesh, rules=rules)
     parts, p_sh = _abstract_params(model, mesh, rules)

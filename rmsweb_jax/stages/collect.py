@@ -29,7 +29,6 @@ groups still in flight.
 """
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 
 from absl import logging
@@ -37,7 +36,7 @@ from absl import logging
 from rmsweb_jax import storage
 from rmsweb_jax.agents.from_config import PolicySettings, build_policy
 from rmsweb_jax.collect.report import check_store_success_rule, write_report
-from rmsweb_jax.collect.retries import CollectSettings, RetryCollector, cdp_endpoints
+from rmsweb_jax.collect.retries import CollectSettings, RetryCollector
 from rmsweb_jax.collect.store import RETRY_MODES, StoreWriter
 from rmsweb_jax.collect.store_provenance import policy_provenance
 from rmsweb_jax.errors import UserError
@@ -105,7 +104,7 @@ def check_config(config, workdir) -> CollectSettings:
         raise UserError(f"collect.retry_mode {cfg.retry_mode!r}: expected 'reflection' (retries conditioned on the "
                         "policy's reflections) or 'plain' (retries without them, a fresh draw each)")
     collect_policy_settings(config)
-    return dataclasses.replace(CollectSettings.from_config(cfg), cdp_endpoints=cdp_endpoints(config.web))
+    return CollectSettings.from_config(cfg, config.web)
 
 
 def run(config, workdir: pathlib.Path) -> dict:

@@ -51,7 +51,7 @@ import ml_collections
 from rmsweb_jax import storage
 from rmsweb_jax.agents.from_config import PolicySettings, build_policy
 from rmsweb_jax.agents.teacher import SOLVED_TASKS
-from rmsweb_jax.collect.retries import CollectSettings, RetryCollector, cdp_endpoints
+from rmsweb_jax.collect.retries import CollectSettings, RetryCollector
 from rmsweb_jax.collect.store import REFLECTION, StoreWriter, TrajectoryStore
 from rmsweb_jax.collect.store_layout import RECORDINGS, STORE_FILE
 from rmsweb_jax.collect.store_provenance import policy_provenance
@@ -284,13 +284,13 @@ def check_settings(directory: pathlib.Path, settings: dict) -> None:
     storage.write_text_atomic(path, json.dumps(settings, indent=2, sort_keys=True))
 
 
-def play(env, policy, judge, store_dir: pathlib.Path, pairs: list[tuple], *, max_steps: int,
-         batch_window_s: float, replay: str, endpoints: tuple[str, ...]):
+def play(env, web, policy, judge, store_dir: pathlib.Path, pairs: list[tuple], *, max_steps: int,
+         batch_window_s: float, replay: str):
     """Returns the CollectSummary of `policy` playing the (task, seed) pairs, one attempt each, into the
     store at store_dir (through RetryCollector, so exactly as the collect stage plays; pairs already in
-    the store are skipped). env is a config.collect-shaped block (workers, timeouts, suite, record);
-    batch_window_s how long a policy batch waits for more workers' steps; `replay` the recordings
-    folder every request is served from ("" = the live pages); `endpoints` the remote browsers (config.web).
+    the store are skipped). env is a config.collect-shaped block (workers, timeouts, suite, record), web
+    config.web (its remote browsers); batch_window_s how long a policy batch waits for more workers' steps;
+    `replay` the recordings folder every request is served from ("" = the live pages).
 
     With several processes each plays its share of the pairs into its own part store and process 0
     merges the parts into store_dir (evaluate/host_shares.py); the summary is this process's."""
@@ -298,9 +298,9 @@ def play(env, policy, judge, store_dir: pathlib.Path, pairs: list[tuple], *, max
     with suite_from_config(env) as suite, StoreWriter(target, flush_every_tasks=env.flush_every_tasks,
                                                flush_every_s=env.flush_every_s, policy=policy.name,
                                                provenance=policy_provenance(policy)) as store:
-        settings = dataclasses.replace(CollectSettings.from_config(env), attempts=1, retry_mode=REFLECTION,
+        settings = dataclasses.replace(CollectSettings.from_config(env, web), attempts=1, retry_mode=REFLECTION,
                                        max_steps=max_steps, batch_window_s=batch_window_s, progress_label="eval",
-                                       replay=replay, cdp_endpoints=endpoints)
+                                       replay=replay)
         summary = RetryCollector(suite, policy, judge, store, settings).run_pairs(pairs)
     host_shares.merge_when_played(store_dir, "eval")
     return summary
@@ -338,8 +338,7 @@ def check_config(config, workdir) -> None:
     _check_fields(config.eval)
     env = environment(config)
     judge_spec(env)
-    settings = CollectSettings.from_config(env)
-    cdp_endpoints(config.web)
+    settings = CollectSettings.from_config(env, config.web)
     if config.eval.replay and settings.record:
         raise UserError(f"eval.replay {config.eval.replay!r} with collect.record = {settings.record!r}: a replay serves "
                         "every request from its recordings; set collect.record='' to replay")
@@ -429,9 +428,8 @@ def run(config, workdir: pathlib.Path) -> dict:
                 cache = JudgeCache(directory / "store" / CACHE_DIR,
                                    read_also=() if recordings is None else (recordings.parent / CACHE_DIR,))
                 judge = judge_from_config(env, cache=cache)
-            summary = play(env, policy, judge, directory / "store", played, max_steps=ev.max_steps,
-                           batch_window_s=window, replay="" if recordings is None else str(recordings),
-                           endpoints=cdp_endpoints(config.web))
+            summary = play(env, config.web, policy, judge, directory / "store", played, max_steps=ev.max_steps,
+                           batch_window_s=window, replay="" if recordings is None else str(recordings))
         finally:
             policy.close()
         policies.append({"id": policy_id, "label": entry.label, "store_dir": str(directory / "store")})

@@ -29,7 +29,6 @@ import json
 import pathlib
 
 import jax
-import ml_collections
 
 from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import prompt_config_from
@@ -63,12 +62,6 @@ NON_RESULT_FIELDS = TRAINER_CADENCE  # ... but not for a change of these alone
 NAME = "salvage"
 
 
-def train_config(config) -> ml_collections.ConfigDict:
-    """Returns a copy of `config` whose `train` block is what Salvage-DS trains with: config.train (the SFT
-    stage's) with every config.salvage.train field that is not None written over it."""
-    return with_train_overrides(config, "salvage")
-
-
 def check_config(config, workdir) -> tuple:
     """Returns (learner class, its settings, the loss's settings, the run's config: config.train with
     config.salvage.train over it) once they build and the batch holds a step's groups (no state set, checkpoint or
@@ -79,7 +72,7 @@ def check_config(config, workdir) -> tuple:
     settings = learner_type.settings_from_config(cfg)
     draw_settings = settings.draw
     loss_settings = RLLossSettings.from_config(cfg.loss)
-    run_config = train_config(config)
+    run_config = with_train_overrides(config, "salvage")  # config.salvage.train over config.train
     TrainSettings.from_config(run_config.train)  # the trainer's, as Trainer builds them
     batch_size = int(run_config.train.batch_size)
     if batch_size < draw_settings.groups_per_step * draw_settings.group_size:

@@ -73,7 +73,9 @@ class ContextGuard:
         self.endpoint = endpoint
         self.shared_browser = endpoint is not None
         self._context_id: str | None = None  # CDP's browserContextId of `context` (shared browser)
-        self._target_contexts: dict[str, str] = {}  # targetId -> browserContextId, every target's (shared browser)
+        # targetId -> browserContextId, every target's, and frameId -> the same for the frames placed so far (a
+        # frame's id is never reused): each subframe's page trees are read once, at its first request (shared browser)
+        self._target_contexts: dict[str, str] = {}
         self.log = EventLog()
         self.pages: list = []
         self.active = None
@@ -154,6 +156,8 @@ class ContextGuard:
             return self._target_contexts[frame_id]
         for guard in [self, *(g for g in _GUARDS_ON_ENDPOINT.get(self.endpoint, ()) if g is not self)]:
             if await guard._shows_frame(frame_id):
+                if frame_id is not None and guard._context_id is not None:
+                    self._target_contexts[frame_id] = guard._context_id
                 return guard._context_id
         for info in (await cdp_send(session, "Target.getTargets", {}))["targetInfos"]:  # a target not yet announced
             self._on_target({"targetInfo": info})

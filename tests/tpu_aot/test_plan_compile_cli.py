@@ -30,7 +30,7 @@ def test_the_demo_compiles_for_a_v5p_slice_beside_its_plan():
     out = _plan()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     table = out.stdout[out.stdout.index("compiled for 4 x v5p"):]
-    for program in ("sft_step", "mine_generate", "mine_logprobs", "salvage_step", "salvage_generate"):
+    for program in ("ground_step", "sft_step", "mine_generate", "mine_logprobs", "salvage_step", "salvage_generate"):
         assert f"\n{program} " in table, table
 
 

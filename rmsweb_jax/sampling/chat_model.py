@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 
 from rmsweb_jax import storage
+from rmsweb_jax.models import qwen3_vl
 from rmsweb_jax.processing.chat import END_OF_TURN, EncodedChat, encode_chat
 from rmsweb_jax.processing.image import ImageProcessorConfig
 from rmsweb_jax.sampling.sampler import DEFAULT_LENGTH_BUCKETS, Sampler, SamplingParams
@@ -318,10 +319,7 @@ def loading_config(spec: str, config: ml_collections.ConfigDict | None) -> ml_co
     else:
         cfg = ml_collections.ConfigDict()
         cfg.seed = 0
-        cfg.model = ml_collections.ConfigDict(dict(param_dtype="float32", compute_dtype="float32",
-                                                   remat_policy="none", attention_impl="auto", scan_layers=True,
-                                                   decode_layout="auto", decode_sharding="auto", group_decode="cascade",
-                                                   vision_window=0))
+        cfg.model = ml_collections.ConfigDict(dataclasses.asdict(qwen3_vl.RuntimeOptions()))  # its defaults
         cfg.mesh = ml_collections.ConfigDict(dict(shape=(1, 1, 1)))
         cfg.sharding_rules = None  # one device: the rules place nothing (None = models.sharding.DEFAULT_RULES)
     cfg.model.init = spec

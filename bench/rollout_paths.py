@@ -7,9 +7,11 @@ tokens, Salvage-DS G = 8 x 96 new tokens, 2 groups per update) on a synthetic st
 stages themselves run (`run_stages`): one random checkpoint and one split, then mine -> salvage per path in its own
 workdir. Mine's figure is its report's states/s (sampling, scoring and reference log-probs); Salvage-DS's is the
 median of the trainer's step_s over the timed updates (the first carries the compile): the draw (sampling,
-scoring, gating), the batch and the step. `--cascade-first` swaps the order (copy first by default), for the
+scoring, gating), the batch and the step, each part's median printed apart (the learner's draw_s, batch_s,
+sync_s; the rest of step_s is the optimizer step and the loop's own work). `--cascade-first` swaps the order (copy first by default), for the
 machine's drift. Also printed: the share of decode row-steps spent on rows already finished (issue 28, part 2:
-what compacting the live rows would save; a random model rarely stops, so it is low here).
+what compacting the live rows would save; a random model rarely stops, so it is low here). `--quick` checks the
+script within the house's minute: mine only (4 states x K = 2 x 8 new tokens), no Salvage-DS update.
     python bench/rollout_paths.py [--quick] [--cascade-first]
 """
 from __future__ import annotations
@@ -24,24 +26,23 @@ import numpy as np
 from group_sampling import cpu_model
 
 PATHS = ("copy", "cascade")
+UPDATE_PARTS = ("draw_s", "batch_s", "sync_s")  # the learner's timing of an update's parts (salvage/learner.py)
 
 
 def demo_config(quick: bool):
-    """Returns the demo config cut to this bench: mine and salvage only, fewer states and updates."""
+    """Returns the demo config cut to this bench: mine and salvage only (quick: mine only), fewer states and updates."""
     from configs.demo import get_config
     c = get_config()
-    c.stages = ("mine", "salvage")
+    c.stages = ("mine",) if quick else ("mine", "salvage")
     c.train.metrics.every_steps = 1
-    c.mine.max_states = 8 if quick else 16
+    c.mine.max_states = 4 if quick else 16
     c.mine.batch_states = 4 if quick else c.mine.batch_states
-    c.mine.samples = 4 if quick else c.mine.samples
-    c.mine.max_new_tokens = 24 if quick else c.mine.max_new_tokens
-    c.salvage.train.total_steps = 2 if quick else 8
+    c.mine.samples = 2 if quick else c.mine.samples
+    c.mine.max_new_tokens = 8 if quick else c.mine.max_new_tokens
+    c.mine.reference_logprob = not quick and c.mine.reference_logprob
+    c.salvage.train.total_steps = 8
     c.salvage.train.warmup_steps = 1
-    c.salvage.train.batch_size = 8 if quick else c.salvage.train.batch_size
-    c.salvage.group_size = 4 if quick else c.salvage.group_size
-    c.salvage.groups_per_step, c.salvage.max_draws_per_step = (1, 2) if quick else (2, 4)
-    c.salvage.max_new_tokens = 24 if quick else c.salvage.max_new_tokens
+    c.salvage.groups_per_step, c.salvage.max_draws_per_step = 2, 4
     c.salvage.gates = "none"  # every draw accepted: the same work per update on both paths
     c.train.checkpoint.every_steps = c.salvage.train.total_steps
     c.train.checkpoint.async_save = False
@@ -74,7 +75,7 @@ class RowSteps:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="8 states x K=4 x 24 tokens, 2 updates of 1 group x 4")
+    parser.add_argument("--quick", action="store_true", help="mine only: 4 states x K=2 x 8 tokens (checks the script)")
     parser.add_argument("--cascade-first", action="store_true", help="run the cascade path first")
     args = parser.parse_args()
     from rmsweb_jax.collect.store_fixture import write_synthetic_store
@@ -111,28 +112,37 @@ def main():
             mine = json.loads((workdir / "mine" / "report.json").read_text())["throughput"]
             steps = [json.loads(line) for f in sorted((workdir / "salvage").rglob("metrics.jsonl"))
                      for line in f.read_text().splitlines()]
+            timed = [s for s in steps if "step_s" in s][1:]  # the first update carries the compile; none: --quick
             update = [s["step_s"] for s in steps if "step_s" in s]
+            parts = {k: float(np.median([s[k] for s in timed if k in s])) for k in UPDATE_PARTS
+                     if any(k in s for s in timed)}
             results[path] = {"states_per_s": mine["states_per_s"], "mine_sampling_share": mine["sampling_share"],
-                             "states": mine["states"], "update_s": float(np.median(update)), "updates": update}
+                             "states": mine["states"], "update_s": float(np.median(update)) if update else None,
+                             "updates": update, "parts": parts}
     print(f"cpu: {cpu_model()}")
+    salvage = ("no Salvage-DS update (--quick)" if args.quick else
+               f"Salvage-DS G={config.salvage.group_size} x {config.salvage.max_new_tokens} tokens, "
+               f"{config.salvage.groups_per_step} group(s) per update, {config.salvage.train.total_steps} updates "
+               "(the first untimed)")
     print(f"demo settings: mine K={config.mine.samples} x {config.mine.max_new_tokens} tokens over "
-          f"{config.mine.max_states} states; Salvage-DS G={config.salvage.group_size} x "
-          f"{config.salvage.max_new_tokens} tokens, {config.salvage.groups_per_step} group(s) per update, "
-          f"{config.salvage.train.total_steps} updates (the first untimed)")
+          f"{config.mine.max_states} states; {salvage}")
     for path in PATHS:
         r = results[path]
         share = counts[path].finished / max(counts[path].total, 1)
+        update = "" if r["update_s"] is None else (
+            f"   Salvage-DS update median {r['update_s']:.2f} s {[round(x, 2) for x in r['updates']]}, parts' medians "
+            f"after the first: " + ", ".join(f"{k} {v:.2f}" for k, v in r["parts"].items()))
         print(f"{path:>8}: mine {r['states_per_s']:.3f} states/s ({r['states']} states, "
-              f"{r['mine_sampling_share']:.0%} sampling)   Salvage-DS update median {r['update_s']:.2f} s "
-              f"{[round(x, 2) for x in r['updates']]}   decode row-steps on finished rows {share:.0%}")
+              f"{r['mine_sampling_share']:.0%} sampling){update}   decode row-steps on finished rows {share:.0%}")
     mine_ratio = results["cascade"]["states_per_s"] / results["copy"]["states_per_s"]
-    update_ratio = results["copy"]["update_s"] / results["cascade"]["update_s"]
-    print(f"cascade / copy: mine states/s {mine_ratio:.2f}x, Salvage-DS update {update_ratio:.2f}x faster "
-          "(goal: both > 1)")
+    update_ratio = None if args.quick else results["copy"]["update_s"] / results["cascade"]["update_s"]
+    print(f"cascade / copy: mine states/s {mine_ratio:.2f}x" + ("" if update_ratio is None else
+          f", Salvage-DS update {update_ratio:.2f}x faster") + " (goal: > 1)")
     common.emit("rollout_paths", results["cascade"]["states_per_s"], results["copy"]["states_per_s"], "states/s",
-                1.0, anchor_is="copy", salvage_update_speedup=round(update_ratio, 3),
-                salvage_update_s_cascade=round(results["cascade"]["update_s"], 3),
-                salvage_update_s_copy=round(results["copy"]["update_s"], 3),
+                1.0, anchor_is="copy", salvage_update_speedup=None if update_ratio is None else round(update_ratio, 3),
+                salvage_update_s_cascade=results["cascade"]["update_s"],
+                salvage_update_s_copy=results["copy"]["update_s"],
+                salvage_parts_cascade=results["cascade"]["parts"], salvage_parts_copy=results["copy"]["parts"],
                 finished_row_step_share=round(counts["cascade"].finished / max(counts["cascade"].total, 1), 3))
 
 

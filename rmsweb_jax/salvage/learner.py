@@ -17,6 +17,11 @@ update is one method per part, in this order:
     sync                                the rollout model refreshed from the new parameters (the step
                                         donated the old ones)
 
+Each update's metrics time its parts (seconds, as verl's timing_s/*): `draw_s` (sample, score, gate), `batch_s`
+(build the rows and their old log-probs) and `sync_s` (the previous update's sync: the metrics are handed to the
+trainer before this update's sync runs; absent on a run's first update). The trainer's `step_s` is the whole
+update's wall time between two steps.
+
 A second algorithm is a subclass that changes its settings or one part: GRPOLearner is plain GRPO,
 the table's "RL without Salvage-DS's pieces": a binary task reward (1 correct, 0 otherwise) in place of
 the polarized one, no contrast / competence gate (every group with a valid sample is accepted; a group
@@ -26,6 +31,7 @@ whose rewards are all equal gets zero advantages by itself) and no action-only a
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Sequence
 
 import jax
@@ -71,6 +77,7 @@ class SalvageDSLearner:
         self.actor, self.rollout, self.prompts, self.settings = actor, rollout, prompts, settings
         self.sampling, self.buckets, self.batch_size, self.pad_id = sampling, buckets, batch_size, pad_id
         self.ref_params = ref_params
+        self._sync_s: float | None = None  # the last sync's seconds, reported with the next update
         self.sampler = DynamicSampler(len(prompts), self.sample_groups, self.score, settings.draw, settings.gates)
         if actor.data_state is not None:  # a resumed run: the exact sequence of draws continues
             self.sampler.set_state(actor.data_state)
@@ -139,14 +146,21 @@ class SalvageDSLearner:
     # ---- the loop ---------------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
         """Returns the metrics of one update: gate, build the batch, old log-probs, update, sync."""
+        started = time.perf_counter()
         draw = self.gate()
+        drawn = time.perf_counter()
         batch, info = self.build_batch(draw)
-        self.old_logprobs(batch)
-        metrics = {**draw.metrics(), **{f"rows_{k}": v for k, v in info.metrics().items() if k != "length"}}
+        self.old_logprobs(batch)  # host arrays: the forward has finished when it returns
+        metrics = {**draw.metrics(), **{f"rows_{k}": v for k, v in info.metrics().items() if k != "length"},
+                   "draw_s": drawn - started, "batch_s": time.perf_counter() - drawn}
+        if self._sync_s is not None:
+            metrics["sync_s"] = self._sync_s
         if self.rollout.resync_seconds is not None:  # the decode copy remade from the last update's weights (a mesh)
             metrics["decode_resync_s"] = self.rollout.resync_seconds
         self.update(batch, metrics)
+        synced = time.perf_counter()
         self.sync()
+        self._sync_s = time.perf_counter() - synced
         return metrics
 
     def run(self) -> dict[str, int]:

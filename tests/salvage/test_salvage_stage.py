@@ -87,6 +87,8 @@ def test_salvage_trains_through_the_anchor_and_resumes_exactly(tmp_path):
         assert (m["groups_accepted"], m["states_drawn"], m["shortfall"], m["groups_anchored"]) == (0, 2, 1, 2)
         assert m["correct_share"] == 0.0 and m["reward_mean"] == -1.0
         assert m["rows_anchor_rows"] == 2 and m["rows_policy_rows"] == 0
+        assert m["draw_s"] > 0 and m["batch_s"] > 0  # the update's parts timed (the step's step_s is all of it)
+    assert "sync_s" not in metrics[1] and metrics[2]["sync_s"] > 0 and metrics[3]["sync_s"] > 0  # the last sync's
     assert summary["sampler_state"]["drawn"] == 2 * STEPS
     losses = {s: m["loss"] for s, m in metrics.items()}
     assert losses[3] < losses[1]  # the anchor NLL on the reference tool calls falls

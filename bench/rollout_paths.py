@@ -58,14 +58,8 @@ class RowSteps:
     def wrap(self, sampler):
         original = sampler.generate_groups
 
-        cfg = sampler.model.config
-        vision = np.array([cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id])
-
         def counted(*args, **kw):
             out = original(*args, **kw)
-            # A random model samples vision tokens too; Salvage-DS would then build a row holding image tokens with
-            # no image (train/image_batch.py refuses it). Both paths get the same replacement: the pad id.
-            out = out._replace(tokens=np.where(np.isin(out.tokens, vision), sampler.pad_id, out.tokens))
             steps = int(out.lengths.max())  # the loop runs until every row is done or max_new_tokens
             self.total += out.lengths.size * steps
             self.finished += int((steps - out.lengths).sum())

@@ -21,7 +21,7 @@ from rmsweb_jax.models import qwen3_vl
 from rmsweb_jax.models.from_config import runtime_from_config
 from rmsweb_jax.models.qwen3_vl.model import ModelInputs, VisionInputs, state_shardings
 from rmsweb_jax.plan.memory import prompt_bucket
-from rmsweb_jax.sampling.sampler import Sampler, SamplingParams
+from rmsweb_jax.sampling.sampler import Sampler, SamplingParams, never_sampled
 from rmsweb_jax.stages.train_overrides import with_train_overrides
 from rmsweb_jax.train.batch import TrainBatch, batch_shardings
 from rmsweb_jax.train.logprobs import logprob_fn
@@ -179,7 +179,8 @@ def sampler_generate(config, model_config, mesh, rules, stage: str = "mine", dev
         vision = vision_inputs(model_config, -(-real * row_patches // merge) * merge)  # padding rows: no image
     inputs = ModelInputs(_sds((prompts, length), i32), _sds((prompts, length), i32), _sds((3, prompts, length), i32),
                          vision, _sds((prompts,), i32))
-    params = SamplingParams(max_new_tokens=shapes.max_new_tokens, temperature=1.0)
+    params = SamplingParams(max_new_tokens=shapes.max_new_tokens, temperature=1.0,  # as the stage samples
+                            suppress_token_ids=never_sampled(model_config) if stage == "salvage" else ())
     fn, args = sampler.abstract_program(inputs, shapes.group_size, params, real=real)
     return Program(f"{stage}_generate", fn, args,
                    (f"{real} prompt(s) (prefill {prompts} rows) x {length} tokens, G = {shapes.group_size}, {shapes.max_new_tokens} new, "

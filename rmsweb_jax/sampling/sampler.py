@@ -33,12 +33,15 @@ DEFAULT_LENGTH_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """Decoding settings. temperature 0 means greedy; top_k 0 and top_p 1 disable truncation."""
+    """Decoding settings. temperature 0 means greedy; top_k 0 and top_p 1 disable truncation.
+    suppress_token_ids are never drawn (transformers' `suppress_tokens`): the draw, greedy included, and its
+    log-prob are over the other tokens; Salvage-DS suppresses the vision placeholders (never_sampled)."""
     max_new_tokens: int = 64
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    suppress_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -49,6 +52,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if any(int(t) < 0 for t in self.suppress_token_ids):
+            raise ValueError(f"suppress_token_ids must be token ids >= 0, got {self.suppress_token_ids}")
 
 
 class SampleOutput(NamedTuple):
@@ -186,8 +191,10 @@ class Sampler:
         mode = (params.temperature == 0, params.top_k > 0, params.top_p < 1)
         decode_graphdef = None if self._decode is None else self._decode.graphdef
         cascade = group_size > 1 and self.model.runtime.group_decode == "cascade"
+        # None: nothing suppressed, no mask in the program (ids past the vocabulary are dropped by the scatter)
+        suppress = np.asarray(sorted(set(params.suppress_token_ids)), np.int32) if params.suppress_token_ids else None
         return (graphdef, state, step_weights, decode_graphdef, decode_text, inputs, params.max_new_tokens,
-                self.pad_id, stop, knobs, jax.random.key(seed), mode, group_size, real, cascade)
+                self.pad_id, stop, knobs, jax.random.key(seed), mode, group_size, real, cascade, suppress)
 
     @property
     def batch_shards(self) -> int:
@@ -218,6 +225,14 @@ def _host(x: jax.Array) -> np.ndarray:
     if x.is_fully_addressable:
         return np.asarray(x)
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def never_sampled(config) -> tuple[int, ...]:
+    """Returns the vision placeholder ids of a model config (image and video pads, vision start and end): what
+    Salvage-DS's rollouts suppress. Sampled, they stand for an image the sequence does not have, and a training
+    row holding them is refused (train/image_batch.py); a random or early policy draws them at temperature 1."""
+    return tuple(sorted({int(config.image_token_id), int(config.video_token_id), int(config.vision_start_token_id),
+                         int(config.vision_end_token_id)}))
 
 
 def sample_token(logits: jax.Array, rng: jax.Array, temperature, top_p, top_k, *,
@@ -264,7 +279,7 @@ def _step_weights(graphdef, state) -> decode.StepWeights:
 @functools.partial(jax.jit, static_argnums=(0, 3, 6, 7, 11, 12, 13, 14))
 def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_graphdef, decode_text,
               inputs: ModelInputs, max_new: int, pad_id: int, stop_ids, knobs, rng, mode, group: int, real: int,
-              cascade: bool):
+              cascade: bool, suppress_ids=None):
     """Prefill, then decode steps: through the model's stacked layers, over `step_weights` when given, or over
     `decode_text` (the text weights in the decode layout, with `decode_graphdef`'s rules) when given.
 
@@ -274,6 +289,7 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
     would build for the repeated prompts. The prompt's cache: with `cascade` the prefill's cache holds the
     prompt only and stays one copy per prompt (the `prefix` of every decode step); each row's new tokens go to
     a cache of max_new slots of its own. Without, the cache (prompt + max_new slots) is repeated `group` times.
+    Tokens of `suppress_ids` (None: none) are never drawn.
     """
     model = nnx.merge(graphdef, state)
     mesh, rules = model.mesh, model.rules
@@ -316,8 +332,11 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
         rules = model.rules
     cache, prefix = _place_cache(cache, mesh, rules), _place_cache(prefix, mesh, rules)
     b = last_hidden.shape[0]
+    def allowed(logits):  # the suppressed tokens out: the draws and their log-probs are over the others
+        return logits if suppress_ids is None else logits.at[:, suppress_ids].set(-jnp.inf, mode="drop")
+
     rng, sub = jax.random.split(rng)
-    first, first_lp = sample_token(model.logits(last_hidden)[:, 0], sub, temperature, top_p, top_k, mode=mode)
+    first, first_lp = sample_token(allowed(model.logits(last_hidden)[:, 0]), sub, temperature, top_p, top_k, mode=mode)
     tokens = jnp.full((b, max_new), pad_id, jnp.int32).at[:, 0].set(first)
     logprobs = jnp.zeros((b, max_new), jnp.float32).at[:, 0].set(first_lp)
     done = jnp.isin(first, stop_ids)
@@ -343,7 +362,7 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
         pos = jnp.broadcast_to((next_pos + step - 1)[None, :, None], (3, b, 1)).astype(jnp.int32)
         logits, cache = step_logits(last, pos, cache)
         rng, sub = jax.random.split(rng)
-        tok, lp = sample_token(logits, sub, temperature, top_p, top_k, mode=mode)
+        tok, lp = sample_token(allowed(logits), sub, temperature, top_p, top_k, mode=mode)
         tok = jnp.where(done, pad_id, tok)
         lp = jnp.where(done, 0.0, lp)
         tokens = jax.lax.dynamic_update_index_in_dim(tokens, tok, step, axis=1)

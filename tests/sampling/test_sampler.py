@@ -7,7 +7,7 @@ import torch
 
 from rmsweb_jax.models.qwen3_vl import params
 from rmsweb_jax.models.qwen3_vl.config import RuntimeOptions
-from rmsweb_jax.sampling.sampler import Sampler, SamplingParams, sample_token
+from rmsweb_jax.sampling.sampler import Sampler, SamplingParams, never_sampled, sample_token
 from tests.models import hf_reference as ref
 
 NEW = 32
@@ -94,6 +94,26 @@ def test_sampling_knobs():
     np.testing.assert_allclose(np.exp(np.asarray(lp)), np.array([0.5, 0.3, 0.15, 0.05])[np.asarray(tok)], rtol=1e-5)
     tok, _ = sample_token(logits, keys, jnp.float32(0.0), jnp.float32(1.0), jnp.int32(0))
     assert (np.asarray(tok) == 0).all()
+
+
+def test_suppressed_tokens_are_never_drawn_and_greedy_agrees_until_the_first_one(models):
+    _, model = models
+    banned = never_sampled(model.config)
+    rng = np.random.default_rng(1)
+    rows = [[int(t) for t in rng.integers(10, ref.VOCAB, n)] for n in (3, 17, 9, 30)]
+    sampler = Sampler(model)
+    free = sampler.generate(rows, SamplingParams(max_new_tokens=NEW)).tokens
+    assert np.isin(free, banned).any(), "the random model must draw a vision placeholder for this test to bite"
+    greedy = sampler.generate(rows, SamplingParams(max_new_tokens=NEW, suppress_token_ids=banned))
+    assert not np.isin(greedy.tokens, banned).any() and np.isfinite(greedy.logprobs).all()
+    for got, want in zip(greedy.tokens, free):  # the same argmax wherever the free run drew an allowed token
+        first = int(np.argmax(np.isin(want, banned))) if np.isin(want, banned).any() else NEW
+        np.testing.assert_array_equal(got[:first], want[:first])
+    sampled = sampler.generate_groups(rows, 4, SamplingParams(max_new_tokens=NEW, temperature=1.0,
+                                                              suppress_token_ids=banned), seed=3)
+    assert not np.isin(sampled.tokens, banned).any()
+    with pytest.raises(ValueError, match="suppress_token_ids"):
+        SamplingParams(suppress_token_ids=(-1,))
 
 
 def test_bad_sampling_params_are_named():

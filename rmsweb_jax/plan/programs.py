@@ -179,8 +179,8 @@ def sampler_generate(config, model_config, mesh, rules, stage: str = "mine", dev
         vision = vision_inputs(model_config, -(-real * row_patches // merge) * merge)  # padding rows: no image
     inputs = ModelInputs(_sds((prompts, length), i32), _sds((prompts, length), i32), _sds((3, prompts, length), i32),
                          vision, _sds((prompts,), i32))
-    params = SamplingParams(max_new_tokens=shapes.max_new_tokens, temperature=1.0,  # as the stage samples
-                            suppress_token_ids=never_sampled(model_config) if stage == "salvage" else ())
+    params = SamplingParams(max_new_tokens=shapes.max_new_tokens, temperature=1.0,  # as both stages sample
+                            suppress_token_ids=never_sampled(model_config))
     fn, args = sampler.abstract_program(inputs, shapes.group_size, params, real=real)
     return Program(f"{stage}_generate", fn, args,
                    (f"{real} prompt(s) (prefill {prompts} rows) x {length} tokens, G = {shapes.group_size}, {shapes.max_new_tokens} new, "

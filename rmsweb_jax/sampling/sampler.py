@@ -35,7 +35,8 @@ DEFAULT_LENGTH_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 
 class SamplingParams:
     """Decoding settings. temperature 0 means greedy; top_k 0 and top_p 1 disable truncation.
     suppress_token_ids are never drawn (transformers' `suppress_tokens`): the draw, greedy included, and its
-    log-prob are over the other tokens; Salvage-DS suppresses the vision placeholders (never_sampled)."""
+    log-prob are over the other tokens; Salvage-DS and mining's replay suppress the vision placeholders
+    (never_sampled)."""
     max_new_tokens: int = 64
     temperature: float = 0.0
     top_p: float = 1.0
@@ -229,7 +230,7 @@ def _host(x: jax.Array) -> np.ndarray:
 
 def never_sampled(config) -> tuple[int, ...]:
     """Returns the vision placeholder ids of a model config (image and video pads, vision start and end): what
-    Salvage-DS's rollouts suppress. Sampled, they stand for an image the sequence does not have, and a training
+    Salvage-DS's rollouts and mining's replay suppress. Sampled, they stand for an image the sequence does not have, and a training
     row holding them is refused (train/image_batch.py); a random or early policy draws them at temperature 1."""
     return tuple(sorted({int(config.image_token_id), int(config.video_token_id), int(config.vision_start_token_id),
                          int(config.vision_end_token_id)}))

@@ -8,10 +8,11 @@ stages themselves run (`run_stages`): one random checkpoint and one split, then 
 workdir. Mine's figure is its report's states/s (sampling, scoring and reference log-probs); Salvage-DS's is the
 median of the trainer's step_s over the timed updates (the first carries the compile): the draw (sampling,
 scoring, gating), the batch and the step, each part's median printed apart (the learner's draw_s, batch_s,
-sync_s; the rest of step_s is the optimizer step and the loop's own work). `--cascade-first` swaps the order (copy first by default), for the
-machine's drift. Also printed: the share of decode row-steps spent on rows already finished (issue 28, part 2:
-what compacting the live rows would save; a random model rarely stops, so it is low here). `--quick` checks the
-script within the house's minute: mine only (4 states x K = 2 x 8 new tokens), no Salvage-DS update.
+sync_s; the rest of step_s is the optimizer step and the loop's own work). `--cascade-first` swaps the order (copy
+first by default), for the machine's drift. Also printed: the share of decode row-steps spent on rows already
+finished (issue 28, part 2: what compacting the live rows would save; a random model rarely stops, so it is low
+here). `--quick` checks the script within the house's minute: mine only (4 states x K = 2 x 8 new tokens), no
+Salvage-DS update.
     python bench/rollout_paths.py [--quick] [--cascade-first]
 """
 from __future__ import annotations

@@ -53,7 +53,8 @@ class Shapes:
     group_size: int            # sampler: rows decoded per prefilled prompt
 
 
-STAGES_WITH_TRAIN_OVERRIDES = ("ground", "salvage")  # config.<stage>.train over config.train (stages/train_overrides.py)
+# config.<stage>.train over config.train (stages/train_overrides.py)
+STAGES_WITH_TRAIN_OVERRIDES = ("ground", "salvage")
 
 
 def stage_config(config, stage: str):

@@ -230,8 +230,9 @@ def _host(x: jax.Array) -> np.ndarray:
 
 def never_sampled(config) -> tuple[int, ...]:
     """Returns the vision placeholder ids of a model config (image and video pads, vision start and end): what
-    Salvage-DS's rollouts and mining's replay suppress. Sampled, they stand for an image the sequence does not have, and a training
-    row holding them is refused (train/image_batch.py); a random or early policy draws them at temperature 1."""
+    Salvage-DS's rollouts and mining's replay suppress. Sampled, they stand for an image the sequence does not
+    have, and a training row holding them is refused (train/image_batch.py); a random or early policy draws them
+    at temperature 1."""
     return tuple(sorted({int(config.image_token_id), int(config.video_token_id), int(config.vision_start_token_id),
                          int(config.vision_end_token_id)}))
 

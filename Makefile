@@ -22,6 +22,10 @@ $(VPY):
 # matches constraints.txt's jax, in its own folder off the venv's import path (rmsweb_jax/plan/tpu_aot.py says why).
 LIBTPU_VERSION := 0.0.42
 
+# setup.py's extra 'browsergym' (our policies inside BrowserGym), so that make test runs its tests: --no-deps, because
+# browsergym-core 0.14.3 pins playwright==1.44 against our 1.65.2 (BUILD.md §6; the adapter runs on ours).
+BROWSERGYM := browsergym-core browsergym-miniwob beautifulsoup4 soupsieve pyparsing
+
 # torch is the test-time reference only; install the CPU build (on local disk) first so that
 # nothing later can pull a CUDA build.
 # --no-compile: Python byte-compiles a module when it is first imported; compiling every file at install time
@@ -29,6 +33,7 @@ LIBTPU_VERSION := 0.0.42
 $(STAMP): $(VPY) setup.py constraints.txt Makefile
 	$(VPY) -m pip install -q --no-compile "torch==2.13.0"
 	$(VPY) -m pip install -q --no-compile -c constraints.txt -e ".[test]"
+	$(VPY) -m pip install -q --no-compile --no-deps -c constraints.txt $(BROWSERGYM)
 	rm -rf $(VENV)/libtpu
 	$(VPY) -m pip install -q --no-compile --no-deps --target $(VENV)/libtpu "libtpu==$(LIBTPU_VERSION)"
 	touch $(STAMP)

@@ -280,17 +280,19 @@ def use_system_chromium(executable: str | None = None):
 
 
 def keep_viewport_after_screenshot(extract_screenshot):
-    """Returns BrowserGym's `extract_screenshot(page)` followed by a check that the page still has its viewport.
+    """Returns BrowserGym's `extract_screenshot(page)` followed by putting the page's viewport back.
 
     BrowserGym 0.14.3 zooms the page for its screenshot through a CDP session of its own and detaches it; on the
     new headless Chromium (Debian's 156; Playwright 1.44's headless shell had no window frame) the page then falls
     back to its window's inner size, the viewport less the toolbar (MiniWoB++: 332x127 instead of 332x214), and
-    clicks below that land nowhere. A resize through Playwright puts its viewport back; it is only done when the
-    page has lost it."""
+    clicks below that land nowhere. The fall-back reaches the page some time after the detach returns, so checking
+    the page's size at once can miss it (a test saw 332x214 there, then 332x127 at the next click): a resize
+    through Playwright after every screenshot puts its viewport back, queued after the detach on the browser's
+    connection."""
     def screenshot(page):
         image = extract_screenshot(page)
         size = page.viewport_size
-        if size is not None and page.evaluate("() => [innerWidth, innerHeight]") != [size["width"], size["height"]]:
+        if size is not None:
             page.set_viewport_size({"width": size["width"] + 1, "height": size["height"]})  # the same size is a no-op
             page.set_viewport_size(size)
         return image

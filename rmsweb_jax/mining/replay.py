@@ -36,7 +36,7 @@ from rmsweb_jax.data.sft import encode_example, example_name
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.mining.taxonomy import ROUTINE, majority_failure_mode, sample_failure_mode
 from rmsweb_jax.models.sharding import DEFAULT_RULES
-from rmsweb_jax.sampling.sampler import SamplingParams, never_sampled
+from rmsweb_jax.sampling.sampler import SamplingParams, rollout_params
 from rmsweb_jax.train import batch as batch_lib
 from rmsweb_jax.train.global_images import row_owners
 from rmsweb_jax.train.image_batch import round_up
@@ -159,9 +159,10 @@ def sample_turns(chat_model, conversations: Sequence[list[dict]], k: int, params
                  ) -> list[list[tuple[str, str]]]:
     """Returns K sampled assistant turns (text, finish reason) per conversation (the only place replay calls the
     sampler):
-    each prompt is prefilled once and its K samples decode from copies of its KV cache. The vision placeholders are
-    never drawn, as Salvage-DS's rollouts draw (sampler.never_sampled): mining measures the policy RL samples."""
-    params = dataclasses.replace(params, suppress_token_ids=never_sampled(chat_model.model.config))
+    each prompt is prefilled once and its K samples decode from copies of its KV cache. `params` are drawn as
+    Salvage-DS's rollouts draw (sampler.rollout_params: the vision placeholders never drawn): mining measures the
+    policy RL samples."""
+    params = rollout_params(chat_model.model.config, params.max_new_tokens, params.temperature, params.top_p)
     groups = chat_model.sample_groups(conversations, k, params, seed=seed)
     return [[(c.text, c.finish_reason) for c in group] for group in groups]
 

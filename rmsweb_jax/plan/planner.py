@@ -9,13 +9,12 @@ import dataclasses
 import math
 import pathlib
 
-import numpy as np
-
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import qwen3_vl, sharding
 from rmsweb_jax.models.from_config import rules_from_config
 from rmsweb_jax.plan import chips, memory, programs
 from rmsweb_jax.model_init import RANDOM_PRESETS
+from rmsweb_jax.stages.train_overrides import with_train_overrides
 from rmsweb_jax.train.batch import check_batch_layout
 from rmsweb_jax.train.metrics import train_flops
 
@@ -187,7 +186,7 @@ def _stage(stage, config, model_config, state, mesh, rules, chip, devices, mfu) 
     flops = device_flops = 0.0
     if train:
         # ground and Salvage-DS train with config.<stage>.train over config.train (their own batch size, e.g.)
-        train_block = programs.stage_config(config, stage).train
+        train_block = with_train_overrides(config, stage).train
         batch, micro = int(train_block.batch_size), int(train_block.microbatches)
         try:
             rows = check_batch_layout(batch, micro, mesh)

@@ -13,20 +13,19 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rmsweb_jax.models import qwen3_vl
 from rmsweb_jax.models.from_config import runtime_from_config
-from rmsweb_jax.models.qwen3_vl.model import ModelInputs, VisionInputs, state_shardings
+from rmsweb_jax.models.qwen3_vl.model import ModelInputs, VisionInputs
 from rmsweb_jax.plan.memory import prompt_bucket
-from rmsweb_jax.sampling.sampler import Sampler, SamplingParams, never_sampled
+from rmsweb_jax.sampling.sampler import Sampler, rollout_params
 from rmsweb_jax.stages.train_overrides import with_train_overrides
 from rmsweb_jax.train.batch import TrainBatch, batch_shardings
 from rmsweb_jax.train.logprobs import logprob_fn
 from rmsweb_jax.train.loss import make_sft_loss, resolve_loss_impl
-from rmsweb_jax.train.optimizer import OptimizerConfig, make_optimizer
+from rmsweb_jax.train.optimizer import make_optimizer
 from rmsweb_jax.train.rl_loss import REQUIRED_EXTRAS, RLLossSettings, make_salvage_loss
 from rmsweb_jax.train.settings import TrainSettings
 from rmsweb_jax.train.step import ModelParts, TrainState, TrainStep, param_shardings, train_state_shardings
@@ -53,20 +52,10 @@ class Shapes:
     group_size: int            # sampler: rows decoded per prefilled prompt
 
 
-# config.<stage>.train over config.train (stages/train_overrides.py)
-STAGES_WITH_TRAIN_OVERRIDES = ("ground", "salvage")
-
-
-def stage_config(config, stage: str):
-    """Returns `config` as training stage `stage` runs it: config.train with config.<stage>.train's values over it
-    ('ground' and 'salvage' have such a block; for the others it is config.train as it is)."""
-    return with_train_overrides(config, stage) if stage in STAGES_WITH_TRAIN_OVERRIDES else config
-
-
 def train_shapes(config, stage: str) -> Shapes:
     """Returns the training shapes of `stage` ('sft', 'ground', 'salvage', 'train_smoke') under `config`: the
     ground stage trains on SFT's bucketed batches (stages/ground.py), at its own batch size."""
-    block = stage_config(config, stage).train
+    block = with_train_overrides(config, stage).train  # config.<stage>.train over config.train, if it has one
     micro = int(block.microbatches)
     rows = int(block.batch_size) // micro
     if stage == "train_smoke":
@@ -128,7 +117,7 @@ def train_batch(model_config, shapes: Shapes, mesh, rules, extras: tuple[str, ..
 def train_step(config, model_config, mesh, rules, stage: str = "sft") -> Program:
     """Returns the trainer's jitted step (SFT loss, also the ground stage's, or Salvage-DS's for stage 'salvage')
     on abstract inputs."""
-    block = stage_config(config, stage)
+    block = with_train_overrides(config, stage)
     settings = TrainSettings.from_config(block.train)
     model = qwen3_vl.abstract_model(model_config, runtime_from_config(config.model), mesh=mesh, rules=rules)
     parts, p_sh = _abstract_params(model, mesh, rules)
@@ -180,8 +169,7 @@ def sampler_generate(config, model_config, mesh, rules, stage: str = "mine", dev
         vision = vision_inputs(model_config, -(-real * row_patches // merge) * merge)  # padding rows: no image
     inputs = ModelInputs(_sds((prompts, length), i32), _sds((prompts, length), i32), _sds((3, prompts, length), i32),
                          vision, _sds((prompts,), i32))
-    params = SamplingParams(max_new_tokens=shapes.max_new_tokens, temperature=1.0,  # as both stages sample
-                            suppress_token_ids=never_sampled(model_config))
+    params = rollout_params(model_config, shapes.max_new_tokens, temperature=1.0)  # as both stages sample
     fn, args = sampler.abstract_program(inputs, shapes.group_size, params, real=real)
     return Program(f"{stage}_generate", fn, args,
                    (f"{real} prompt(s) (prefill {prompts} rows) x {length} tokens, G = {shapes.group_size}, {shapes.max_new_tokens} new, "

@@ -237,6 +237,15 @@ def never_sampled(config) -> tuple[int, ...]:
                          int(config.vision_end_token_id)}))
 
 
+def rollout_params(config, max_new_tokens: int, temperature: float, top_p: float = 1.0) -> SamplingParams:
+    """Returns the SamplingParams of RL's rollouts for a model config: Salvage-DS's draws, mining's replay (which
+    measures the policy RL samples) and the planner's compiled program of both, one rule for all three (copies of
+    it had drifted: the pods then compiled two sampler programs). The vision placeholders are never drawn
+    (never_sampled). Not the server's or the agents' sampling: those sample the model as transformers does."""
+    return SamplingParams(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
+                          suppress_token_ids=never_sampled(config))
+
+
 def sample_token(logits: jax.Array, rng: jax.Array, temperature, top_p, top_k, *,
                  mode: tuple[bool, bool, bool] | None = None) -> tuple[jax.Array, jax.Array]:
     """Returns (token [B], logprob [B]) from fp32 logits [B, V]: greedy when temperature == 0.

@@ -284,13 +284,11 @@ def check_settings(directory: pathlib.Path, settings: dict) -> None:
     storage.write_text_atomic(path, json.dumps(settings, indent=2, sort_keys=True))
 
 
-def play(env, web, policy, judge, store_dir: pathlib.Path, pairs: list[tuple], *, max_steps: int,
-         batch_window_s: float, replay: str):
-    """Returns the CollectSummary of `policy` playing the (task, seed) pairs, one attempt each, into the
-    store at store_dir (through RetryCollector, so exactly as the collect stage plays; pairs already in
-    the store are skipped). env is a config.collect-shaped block (workers, timeouts, suite, record), web
-    config.web (its remote browsers); batch_window_s how long a policy batch waits for more workers' steps;
-    `replay` the recordings folder every request is served from ("" = the live pages).
+def play(env, settings: CollectSettings, policy, judge, store_dir: pathlib.Path, pairs: list[tuple]):
+    """Returns the CollectSummary of `policy` playing the (task, seed) pairs with `settings` (one attempt each:
+    check_config's, with this policy's batch window and the replay's recordings) into the store at store_dir
+    (through RetryCollector, so exactly as the collect stage plays; pairs already in the store are skipped). env
+    is a config.collect-shaped block (its suite and the store's flush cadence).
 
     With several processes each plays its share of the pairs into its own part store and process 0
     merges the parts into store_dir (evaluate/host_shares.py); the summary is this process's."""
@@ -298,9 +296,6 @@ def play(env, web, policy, judge, store_dir: pathlib.Path, pairs: list[tuple], *
     with suite_from_config(env) as suite, StoreWriter(target, flush_every_tasks=env.flush_every_tasks,
                                                flush_every_s=env.flush_every_s, policy=policy.name,
                                                provenance=policy_provenance(policy)) as store:
-        settings = dataclasses.replace(CollectSettings.from_config(env, web), attempts=1, retry_mode=REFLECTION,
-                                       max_steps=max_steps, batch_window_s=batch_window_s, progress_label="eval",
-                                       replay=replay)
         summary = RetryCollector(suite, policy, judge, store, settings).run_pairs(pairs)
     host_shares.merge_when_played(store_dir, "eval")
     return summary
@@ -330,19 +325,23 @@ def policy_settings(config, env) -> PolicySettings:
                           api_key_env=env.api_key_env, key="eval.policies")
 
 
-def check_config(config, workdir) -> None:
-    """Returns None once config.eval's fields and the environment it plays (config.collect with eval.tasks: judge,
-    retry-loop settings) check; raises UserError naming the key. eval.policies is checked when the stage starts:
-    it may name the exports of stages that have not run yet. The pipeline calls it before any stage runs
-    (stages/pipeline.py check_stages), run() as its first step."""
-    _check_fields(config.eval)
+def check_config(config, workdir) -> CollectSettings:
+    """Returns the settings every policy's episodes are played with (config.collect's retry loop and config.web's
+    browsers; one attempt, eval.max_steps steps) once config.eval's fields and the environment it plays
+    (config.collect with eval.tasks: judge, retry-loop settings) check; raises UserError naming the key.
+    eval.policies is checked when the stage starts: it may name the exports of stages that have not run yet. The
+    pipeline calls it before any stage runs (stages/pipeline.py check_stages), run() as its first step."""
+    ev = config.eval
+    _check_fields(ev)
     env = environment(config)
     judge_spec(env)
     settings = CollectSettings.from_config(env, config.web)
-    if config.eval.replay and settings.record:
-        raise UserError(f"eval.replay {config.eval.replay!r} with collect.record = {settings.record!r}: a replay serves "
+    if ev.replay and settings.record:
+        raise UserError(f"eval.replay {ev.replay!r} with collect.record = {settings.record!r}: a replay serves "
                         "every request from its recordings; set collect.record='' to replay")
     policy_settings(config, env)
+    return dataclasses.replace(settings, attempts=1, retry_mode=REFLECTION, max_steps=ev.max_steps,
+                               progress_label="eval")
 
 
 def replay_pairs(store_dir) -> tuple[pathlib.Path, list[tuple[Task, int]]]:
@@ -378,7 +377,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     ev = config.eval
     workdir = storage.as_path(workdir)  # local, or gs:// (stores through their mirrors, reports written there)
     out_dir = workdir / EVAL_DIR
-    check_config(config, workdir)
+    episodes = check_config(config, workdir)
     # Every mistake a user can make is caught here, before a browser starts or a model loads.
     entries = parse_policies(ev.policies, workdir)
     compare = comparisons(ev.compare, [e.label for e in entries])
@@ -428,8 +427,9 @@ def run(config, workdir: pathlib.Path) -> dict:
                 cache = JudgeCache(directory / "store" / CACHE_DIR,
                                    read_also=() if recordings is None else (recordings.parent / CACHE_DIR,))
                 judge = judge_from_config(env, cache=cache)
-            summary = play(env, config.web, policy, judge, directory / "store", played, max_steps=ev.max_steps,
-                           batch_window_s=window, replay="" if recordings is None else str(recordings))
+            summary = play(env, dataclasses.replace(episodes, batch_window_s=window,
+                                                    replay="" if recordings is None else str(recordings)),
+                           policy, judge, directory / "store", played)
         finally:
             policy.close()
         policies.append({"id": policy_id, "label": entry.label, "store_dir": str(directory / "store")})

@@ -40,7 +40,7 @@ from rmsweb_jax.models.from_config import mesh_from_config
 from rmsweb_jax.salvage.learner import learner_class
 from rmsweb_jax.salvage.state_prompts import StatePrompts
 from rmsweb_jax.sampling.chat_model import ChatModel, default_stop_token_ids
-from rmsweb_jax.sampling.sampler import SamplingParams, never_sampled
+from rmsweb_jax.sampling.sampler import rollout_params
 from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING, TRAINER_CADENCE
 from rmsweb_jax.stages.train_overrides import with_train_overrides
@@ -110,8 +110,7 @@ def run(config, workdir: pathlib.Path) -> dict:
         chat = ChatModel(trainer.model(), tokenizer, name=NAME, image_config=image_config,
                          stop_token_ids=default_stop_token_ids(tokenizer, trainer.init_dir),
                          max_batch=int(cfg.sample_batch))
-        params = SamplingParams(max_new_tokens=int(cfg.max_new_tokens), temperature=float(cfg.temperature),
-                                top_p=float(cfg.top_p), suppress_token_ids=never_sampled(trainer.model_config))
+        params = rollout_params(trainer.model_config, cfg.max_new_tokens, cfg.temperature, cfg.top_p)
         buckets = Buckets(config.data.buckets, config.data.bucket_patches, image_config.patch_dim,
                           image_config.merge_size ** 2)
         learner = learner_type(trainer, chat, StatePrompts(states, tokenizer, image_config, prompt_config_from(config)),

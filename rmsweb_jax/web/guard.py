@@ -73,9 +73,11 @@ class ContextGuard:
         self.endpoint = endpoint
         self.shared_browser = endpoint is not None
         self._context_id: str | None = None  # CDP's browserContextId of `context` (shared browser)
-        # targetId -> browserContextId, every target's, and frameId -> the same for the frames placed so far (a
-        # frame's id is never reused): each subframe's page trees are read once, at its first request (shared browser)
+        # Shared browser: targetId -> browserContextId of every live target (a page's main frame is its target)...
         self._target_contexts: dict[str, str] = {}
+        # ... and frameId -> browserContextId of the subframes placed this episode, so that a subframe's page trees
+        # are read once, at its first request (cleared by set_policy: a frame's id is never reused)
+        self._frame_contexts: dict[str, str] = {}
         self.log = EventLog()
         self.pages: list = []
         self.active = None
@@ -94,6 +96,7 @@ class ContextGuard:
             if self.shared_browser:
                 session.on("Target.targetCreated", self._on_target)
                 session.on("Target.targetInfoChanged", self._on_target)
+                session.on("Target.targetDestroyed", lambda event: self._target_contexts.pop(event["targetId"], None))
                 await cdp_send(session, "Target.setDiscoverTargets", {"discover": True})
             session.on("Fetch.requestPaused", lambda event: self._spawn(self._on_paused(session, event)))
             await cdp_send(session, "Fetch.enable", {"patterns": self._patterns()})
@@ -136,6 +139,7 @@ class ContextGuard:
         """Switches to another task's policy (between episodes)."""
         widen = policy.check_subresources != self.policy.check_subresources
         self.policy = policy
+        self._frame_contexts.clear()  # the last episode's frames are gone
         if widen and self._interceptor is not None:
             await cdp_send(self._interceptor, "Fetch.enable", {"patterns": self._patterns()})
 
@@ -152,12 +156,13 @@ class ContextGuard:
         """Returns the browserContextId whose page or frame `frame_id` is (None: it cannot be placed). A page's
         main frame is its target; a frame inside a page is looked up in the pages of this process's guards
         on the same endpoint."""
-        if frame_id in self._target_contexts:
-            return self._target_contexts[frame_id]
+        for placed in (self._target_contexts, self._frame_contexts):
+            if frame_id in placed:
+                return placed[frame_id]
         for guard in [self, *(g for g in _GUARDS_ON_ENDPOINT.get(self.endpoint, ()) if g is not self)]:
             if await guard._shows_frame(frame_id):
                 if frame_id is not None and guard._context_id is not None:
-                    self._target_contexts[frame_id] = guard._context_id
+                    self._frame_contexts[frame_id] = guard._context_id
                 return guard._context_id
         for info in (await cdp_send(session, "Target.getTargets", {}))["targetInfos"]:  # a target not yet announced
             self._on_target({"targetInfo": info})

@@ -125,6 +125,30 @@ def test_salvage_trains_through_the_anchor_and_resumes_exactly(tmp_path):
         assert m["states_drawn"] == metrics[step]["states_drawn"]
 
 
+@pytest.mark.slow
+def test_the_kl_to_the_sft_policy_runs_end_to_end(tmp_path):
+    """kl_beta > 0: the frozen SFT policy (the run's init) is loaded beside the trained one, and its log-probs of
+    every policy row enter the loss as k3. Gates off, so every drawn group is a policy group; the random policy's
+    rewards are all -1, so its advantages are 0 and only weight decay moves the weights. The first update's policy
+    is the reference (KL 0); the decayed policies of the later updates are not (KL > 0), and the whole loss is
+    kl_beta x KL."""
+    write_states(tmp_path)
+    config = _config()
+    config.salvage.gates = "none"
+    config.salvage.loss.kl_beta = 0.5
+    config.train.optimizer.weight_decay = 10.0  # x lr 3e-3: the weights shrink 3% an update
+    config.salvage.train.warmup_steps = 0  # the first update at the full rate (a warm-up starts at 0)
+    run_stages(config, tmp_path)
+    metrics = read_metrics(tmp_path / "salvage" / "metrics.jsonl")
+    assert sorted(metrics) == [1, 2, 3]
+    for m in metrics.values():
+        assert (m["groups_accepted"], m["rows_policy_rows"], m["rows_anchor_rows"]) == (1, 2, 0), m
+        assert m["reward_mean"] == -1.0
+        assert m["loss"] == pytest.approx(0.5 * m["kl"], rel=1e-4, abs=1e-9), m
+    assert metrics[1]["kl"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics[2]["kl"] > 1e-5 and metrics[3]["kl"] > metrics[2]["kl"], {s: m["kl"] for s, m in metrics.items()}
+
+
 def _checkpoints(run_dir):
     """Returns the finished checkpoint steps (Orbax renames a step's folder to its number when complete)."""
     directory = run_dir / "checkpoints"

@@ -198,6 +198,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.action_accuracy.batch_size = 8      # prompts per generate call
     c.action_accuracy.max_new_tokens = 128
 
+    # Stage "transfer" (the table runs it): SFT and Salvage-DS exports on Salvage-DS's training states (sampled, as
+    # config.mine replays) and on sft's held-out task groups (greedy step accuracy; rmsweb_jax/stages/transfer.py).
+    c.transfer = ml_collections.ConfigDict()
+    c.transfer.held_out_steps = 0         # 0 = every held-out step (none unless data.held_out_fraction > 0)
+    c.transfer.batch_size = 8             # prompts per greedy generate call
+    c.transfer.max_new_tokens = 128
+
     # Stage "ground": grounding pretraining before SFT (rmsweb_jax/stages/ground.py, rows from
     # rmsweb_jax/data/grounding.py). For every listed element of every stored page of the training split (the
     # split config.data makes; no browser): an instruction naming the element -> the action at its centre, in the

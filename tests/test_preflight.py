@@ -64,6 +64,8 @@ BAD = [
     ("salvage", "salvage.group_size", 10_000, "cannot hold"),                            # the batch holds B x G
     ("eval", "eval.num_seeds", 0, "eval.num_seeds must be an int >= 1"),
     ("eval", "collect.step_timeout_s", 0.0, "config.collect.step_timeout_s = 0.0"),      # CollectSettings as eval plays
+    ("transfer", "transfer.batch_size", 0, "config.transfer.batch_size must be an int >= 1"),
+    ("transfer", "mine.samples", 0, "config.mine.samples must be >= 1"),                 # ReplaySettings as it replays
 ]
 
 

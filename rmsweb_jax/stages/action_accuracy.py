@@ -15,23 +15,17 @@ Closed-loop success in the browser, on seeds disjoint from the training store, i
 """
 from __future__ import annotations
 
-import collections
 import json
 import pathlib
 import time
 
-from tqdm import tqdm
-
 from rmsweb_jax import storage
-from rmsweb_jax.agents.policy import PolicyOutput
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
-from rmsweb_jax.collect.sft_view import SFTExample
-from rmsweb_jax.data.sft import example_name
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.evaluate.step_accuracy import greedy_records, reference_agreement, summarize
 from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING
 from rmsweb_jax.stages.sft_split import saved_split
-from rmsweb_jax.web.semantics import same_action
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # sft's split.json always (whatever action_accuracy.checkpoint names), through config.data's store.
@@ -40,29 +34,6 @@ INPUT_STAGES = {"sft": None}
 OUTPUTS = {"sft_eval.json": None}
 
 REPORT = "sft_eval.json"
-
-
-def score(output: PolicyOutput, example: SFTExample) -> tuple[bool, str | None]:
-    """Returns (whether the policy's turn does what the stored step did, why not when it cannot be compared)."""
-    if output.action is None:
-        return False, output.error or "unparseable turn"
-    observation = example.step.observation()
-    try:
-        return bool(same_action(output.action, example.step.action, observation)), None
-    except ValueError as err:  # e.g. a pointer action whose point resolves to nothing comparable
-        return False, f"not comparable: {err}"
-
-
-def reference_agreement(examples: list[SFTExample]) -> float:
-    """Returns the fraction of stored turns that, parsed again, score as their own action: 1.0 unless
-    the scoring (parser, coordinates, same_action) disagrees with the store."""
-    if not examples:
-        return 0.0
-    hits = 0
-    for ex in examples:
-        obs = ex.step.observation()
-        hits += score(PolicyOutput.from_text(ex.target_text, obs), ex)[0]
-    return hits / len(examples)
 
 
 MODES = ("steps",)
@@ -88,7 +59,6 @@ def run(config, workdir: pathlib.Path) -> dict:
 def step_accuracy(config, workdir: pathlib.Path) -> dict:
     """Evaluates the checkpoint on the held-out steps; writes workdir/sft_eval.json and returns it."""
     from rmsweb_jax.sampling.chat_model import ChatModel
-    from rmsweb_jax.sampling.sampler import SamplingParams
     cfg = config.action_accuracy
     workdir = storage.as_path(workdir)  # local, or gs://
     data, view, split, split_file = saved_split(config, workdir)
@@ -103,25 +73,11 @@ def step_accuracy(config, workdir: pathlib.Path) -> dict:
                         "stage with config.train.export_hf=True first, or point it at hf:/path)")
     chat_model = ChatModel.load(spec, workdir, config=config, max_batch=cfg.batch_size)
     builder = PromptBuilder(prompt_config_from(config))
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=0.0)
-    records, start = [], time.time()
-    bar = tqdm(total=len(examples), desc="action_accuracy", unit="step", dynamic_ncols=True)
+    start = time.time()
     try:
-        for lo in range(0, len(examples), cfg.batch_size):
-            chunk = examples[lo:lo + cfg.batch_size]
-            completions = chat_model.complete([builder.messages(ex.context()) for ex in chunk], params)
-            for ex, completion in zip(chunk, completions):
-                output = PolicyOutput.from_text(completion.text, ex.step.observation())
-                correct, why = score(output, ex)
-                records.append({"example": example_name(ex), "task_id": ex.task_id, "seed": ex.seed,
-                                "reference": ex.step.action.name,
-                                "predicted": None if output.action is None else output.action.name,
-                                "correct": correct, "error": why, "finish_reason": completion.finish_reason,
-                                "text": completion.text[:500]})
-            bar.update(len(chunk))
-            bar.set_postfix({"accuracy": f"{sum(r['correct'] for r in records) / len(records):.2f}"}, refresh=False)
+        records = greedy_records(chat_model, builder, examples, max_new_tokens=cfg.max_new_tokens,
+                                 batch_size=cfg.batch_size, desc="action_accuracy")
     finally:
-        bar.close()
         chat_model.close()
     report = summarize(records)
     report.update({"checkpoint": spec, "store_dir": data.store_dir, "held_out_task_groups": len(split.held_out_keys),
@@ -133,15 +89,3 @@ def step_accuracy(config, workdir: pathlib.Path) -> dict:
           f"{100 * report['accuracy']:.1f}% (turns parsed {100 * report['parse_rate']:.1f}%) on held-out steps of "
           f"{len(split.held_out_keys)} task groups; report {workdir / REPORT}")
     return report
-
-
-def summarize(records: list[dict]) -> dict:
-    """Returns accuracy, parse rate and per-action-name accuracy over scored records."""
-    n = len(records)
-    by_name: dict[str, list[bool]] = collections.defaultdict(list)
-    for r in records:
-        by_name[r["reference"]].append(r["correct"])
-    correct = sum(r["correct"] for r in records)
-    return {"steps": n, "correct": correct, "accuracy": correct / n if n else 0.0,
-            "parse_rate": sum(r["predicted"] is not None for r in records) / n if n else 0.0,
-            "by_action": {k: {"steps": len(v), "accuracy": sum(v) / len(v)} for k, v in sorted(by_name.items())}}

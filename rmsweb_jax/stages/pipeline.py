@@ -20,7 +20,7 @@ from rmsweb_jax.errors import UserError
 # (so that --help and a misspelt stage name answer at once).
 STAGES = {"model": "model_smoke", "collect": "collect", "train_smoke": "train_smoke", "ground": "ground",
           "sft": "sft", "action_accuracy": "action_accuracy", "mine": "mine",
-          "salvage": "salvage", "eval": "eval", "table": "table"}
+          "salvage": "salvage", "eval": "eval", "transfer": "transfer", "table": "table"}
 STAGES_FILE = "stages.json"  # per run: each stage's decision, reason and wall time
 
 

@@ -8,6 +8,9 @@ same stage runner (rmsweb_jax/stages/pipeline.py) with a copy of the config and 
 their stages are skipped and rerun by their own manifests exactly as the main ones:
 - plain_collect: collect with collect.retry_mode = "plain" (same tasks, seeds, K) into its own store;
 - sft_first: sft on the same store with data.attempts = "first", then eval of that SFT;
+- transfer: the transfer stage (rmsweb_jax/stages/transfer.py) on the main sft, mine and salvage outputs: SFT vs
+  RMSWeb on Salvage-DS's training states and on sft's held-out task groups, so the table tells "RL learned
+  nothing" from "RL memorised its states";
 - with config.ablations: salvage_<piece> (salvage + eval from the main SFT export and state set, one
   piece of Salvage-DS switched: reward partial_credit / graded, gates none / contrast, anchor off) and
   rl_all_states, the ablation that tests mining: the same state budget drawn uniformly from all the
@@ -38,14 +41,14 @@ from rmsweb_jax.collect.report import compute_report
 from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.evaluate.report import build_report, read_episodes
-from rmsweb_jax.stages import collect, eval as eval_stage, links, manifest, mine, salvage, sft
+from rmsweb_jax.stages import collect, eval as eval_stage, links, manifest, mine, salvage, sft, transfer
 from rmsweb_jax.stages.pipeline import run_pipeline
 from rmsweb_jax.train.metrics import read_metrics
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # The variants run collect, sft, mine, salvage and eval with the config: the table reads what they read.
 CONFIG_READS = tuple(sorted({"ablations", *collect.CONFIG_READS, *sft.CONFIG_READS, *mine.CONFIG_READS,
-                             *salvage.CONFIG_READS, *eval_stage.CONFIG_READS}))
+                             *salvage.CONFIG_READS, *eval_stage.CONFIG_READS, *transfer.CONFIG_READS}))
 INPUT_STAGES = {"collect": None, "sft": None, "mine": None, "salvage": None, "eval": None}
 OUTPUTS = {"demo_table.json": None, "demo_table.md": None}
 NON_RESULT_FIELDS = tuple(sorted({*collect.NON_RESULT_FIELDS, *sft.NON_RESULT_FIELDS, *mine.NON_RESULT_FIELDS,
@@ -115,20 +118,22 @@ def variants(config, workdir: pathlib.Path) -> dict[str, tuple[ml_collections.Co
     training_store = str(trained_on) if trained_on is not None else eval_stage.NO_CHECK
     evaluate = {"eval__compare": "", "eval__viewer": False, "eval__training_store": training_store}
     sft_links = {"sft": ("sft", workdir / "sft")}
+    # mine and transfer read sft's split of the main store: the same store path as the split recorded
+    data_store = config.data.store_dir or str(workdir / "store")
     out = {"plain_collect": (_variant_config(config, ("collect",), collect__retry_mode="plain", collect__store_dir="",
                                              collect__viewer=False), {}),
            "sft_first": (_variant_config(config, ("sft", "eval"), data__attempts="first", eval__policies="sft",
                                          **evaluate),
                          {**({} if config.data.store_dir else {"collect": ("store", store)}),
                           # both SFT rows start from the one grounded checkpoint: only their data differ
-                          **({"ground": ("ground", workdir / "ground")} if config.sft.init == "ground" else {})})}
+                          **({"ground": ("ground", workdir / "ground")} if config.sft.init == "ground" else {})}),
+           "transfer": (_variant_config(config, ("transfer",), data__store_dir=data_store),
+                        {**sft_links, "mine": ("mine", workdir / "mine"), "salvage": ("salvage", workdir / "salvage")})}
     if config.ablations:
         for name, _, field, value in ABLATIONS:
             out[name] = (_variant_config(config, ("salvage", "eval"), eval__policies="salvage",
                                          **{f"salvage__{field}": value}, **evaluate),
                          {**sft_links, "mine": ("mine", workdir / "mine")})
-        # mine reads sft's split of the main store: the same store path as the split recorded
-        data_store = config.data.store_dir or str(workdir / "store")
         out[ALL_STATES[0]] = (_variant_config(config, ("mine", "salvage", "eval"),
                                               mine__uniform_states=mined_state_count(workdir), mine__rollouts=False,
                                               data__store_dir=data_store, eval__policies="salvage", **evaluate),
@@ -248,6 +253,16 @@ def salvage_summary(run_dir: pathlib.Path) -> dict:
             "correct_share_last": windows[-1].get("correct_share") if windows else None}
 
 
+def transfer_summary(path: pathlib.Path) -> dict:
+    """Returns the transfer stage's figures (its report.json, without the per-step records)."""
+    path = storage.as_path(path)
+    if not path.is_file():
+        raise UserError(f"{path} is missing: the transfer stage writes it (the table runs it as a variant)")
+    report = json.loads(path.read_text())
+    return {k: report[k] for k in ("policies", "samples", "temperature", "training_states", "held_out_steps",
+                                   "held_out_note")}
+
+
 def build_table(config, workdir: pathlib.Path) -> dict:
     """Returns the table's figures from the main and variant workdirs' stores and reports."""
     workdir = storage.as_path(workdir)
@@ -271,6 +286,7 @@ def build_table(config, workdir: pathlib.Path) -> dict:
                                      seed=int(config.eval.bootstrap_seed)),
              "mining": mining_summary(workdir / mine.NAME / "report.json"),
              "salvage": salvage_summary(workdir / salvage.NAME),
+             "transfer": transfer_summary(vdir / "transfer" / transfer.NAME / "report.json"),
              "ablations": bool(config.ablations)}
     return table
 
@@ -337,7 +353,32 @@ def markdown(table: dict) -> str:
                       f"{_pct(sal['correct_share_first'])} in the first logged window, "
                       f"{_pct(sal['correct_share_last'])} in the last." if sal.get("windows", 0) > 1 else
                       f"{_pct(u['correct_share'])} (one logged window)." )]
+    lines += transfer_markdown(table.get("transfer"))
     return "\n".join(lines) + "\n"
+
+
+def transfer_markdown(tr: dict | None) -> list[str]:
+    """Returns the transfer section's lines: SFT vs RMSWeb on the training states and on held-out steps."""
+    if tr is None:
+        return []
+    t, h = tr["training_states"], tr["held_out_steps"]
+    lines = ["", "## Transfer: what Salvage-DS learned, on its states and on held-out steps", "",
+             "| measure | SFT | RMSWeb | RMSWeb vs SFT |", "|---|---|---|---|",
+             f"| sampled accuracy on Salvage-DS's {t['states']} training states (K = {tr['samples']}, temperature "
+             f"{tr['temperature']:g}) | {_pct(t['sft']['accuracy'])} | {_pct(t['rmsweb']['accuracy'])} | "
+             + ("—" if t["difference"] is None else
+                f"{100 * t['difference']:+.1f} pts (paired 95% CI {100 * t['ci95'][0]:+.1f} to "
+                f"{100 * t['ci95'][1]:+.1f}); better on {t['improved']} states, worse on {t['worsened']}") + " |",
+             f"| critical training states (accuracy < {t['tau']:g}) | {t['sft']['critical']} | "
+             f"{t['rmsweb']['critical']} | |"]
+    if h is not None:
+        lines.append(f"| greedy step accuracy on {h['steps']} held-out steps ({h['task_groups']} task groups, never "
+                     f"trained on) | {_pct(h['sft']['accuracy'])} | {_pct(h['rmsweb']['accuracy'])} | "
+                     f"right only with RMSWeb {h['only_rmsweb_right']}, only with SFT {h['only_sft_right']}; "
+                     f"McNemar p {h['mcnemar_p']:.3g} |")
+    lines += ["", "A rise on the training states with none on the held-out steps reads as memorised states; no rise "
+              "on either, as nothing learned." + ("" if h is not None else f" Held-out steps: {tr['held_out_note']}.")]
+    return lines
 
 
 def check_config(config, workdir) -> None:

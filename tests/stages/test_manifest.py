@@ -339,7 +339,8 @@ def test_each_stage_tells_the_fields_that_cannot_change_results_from_the_others(
             assert any(path == r or path.startswith(r + ".") for r in decl.config_reads), (name, path)
     trainer, browser = set(manifest.TRAINER_CADENCE), set(manifest.COLLECT_RUNTIME)
     assert {n: set(d.non_result) for n, d in declared.items()} == {
-        "model": set(), "action_accuracy": set(), "train_smoke": trainer, "ground": trainer, "sft": trainer, "salvage": trainer,
+        "model": set(), "action_accuracy": set(), "transfer": set(), "train_smoke": trainer, "ground": trainer,
+        "sft": trainer, "salvage": trainer,
         "collect": browser, "mine": browser, "eval": browser | {"eval.viewer"},
         "table": trainer | browser | {"eval.viewer"}}
     for field in ("train.metrics.every_steps", "train.metrics.wandb", "train.checkpoint.every_steps",

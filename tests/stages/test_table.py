@@ -12,6 +12,7 @@ from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.collect.store_fixture import retry_group
 from rmsweb_jax.evaluate.stats import mcnemar_exact, paired_bootstrap_interval, wilson_interval
 from rmsweb_jax.main import STAGES, run_stages
+from rmsweb_jax.mining.state_set import StateSet
 from rmsweb_jax.stages import links, manifest, table
 from rmsweb_jax.train.metrics import read_metrics
 from tests.stages.micro_pipeline import micro_pipeline_config
@@ -116,14 +117,14 @@ def test_the_variants_change_only_their_fields_and_link_the_main_stages_they_rea
     config = base_config()
     assert STAGES["table"] == "table" and config.ablations is False
     names = list(table.variants(config, tmp_path))
-    assert names == ["plain_collect", "sft_first"]
+    assert names == ["plain_collect", "sft_first", "transfer"]
     config.ablations, config.collect.viewer = True, True
     with pytest.raises(table.UserError, match="summary.json is missing: the table's rl_all_states ablation"):
         table.variants(config, tmp_path)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "summary.json").write_text(json.dumps({"state_set": {"states": 37, "critical": 30}}))
     got = table.variants(config, tmp_path)
-    assert list(got) == ["plain_collect", "sft_first", *(a[0] for a in table.ABLATIONS), "rl_all_states"]
+    assert list(got) == ["plain_collect", "sft_first", "transfer", *(a[0] for a in table.ABLATIONS), "rl_all_states"]
     plain, _ = got["plain_collect"]
     assert plain.stages == ("collect",) and plain.collect.retry_mode == "plain"
     changed = manifest.changed_fields(manifest.config_fields(config, ["collect"]),
@@ -132,6 +133,9 @@ def test_the_variants_change_only_their_fields_and_link_the_main_stages_they_rea
     first, links = got["sft_first"]
     assert first.data.attempts == "first" and first.eval.policies == "sft" and links == {
         "collect": ("store", tmp_path / "store")}
+    measure, links = got["transfer"]  # SFT vs RMSWeb on the main stages' outputs, the main store's split
+    assert measure.stages == ("transfer",) and set(links) == {"sft", "mine", "salvage"}
+    assert measure.data.store_dir == str(tmp_path / "store")
     for name, _, field, value in table.ABLATIONS:
         c, links = got[name]
         assert c.stages == ("salvage", "eval") and c.salvage[field] == value and set(links) == {"sft", "mine"}
@@ -149,6 +153,7 @@ def _config():
     c = micro_pipeline_config()
     c.stages = ("collect", "sft", "mine", "salvage", "eval", "table")
     c.collect.attempts = 2
+    c.data.held_out_fraction = 0.25  # one of the 4 task groups, for the transfer variant's held-out steps
     return c
 
 
@@ -183,7 +188,7 @@ def test_the_micro_pipeline_prints_the_table_every_figure_from_the_stores_and_a_
 
     # The variants: their own sub-workdirs, manifests and links to the main stages they read.
     variants = tmp_path / "variants"
-    assert sorted(p.name for p in variants.iterdir()) == ["plain_collect", "sft_first"]
+    assert sorted(p.name for p in variants.iterdir()) == ["plain_collect", "sft_first", "transfer"]
     assert _ran(variants / "plain_collect") == {"collect": True}
     assert _ran(variants / "sft_first") == {"sft": True, "eval": True}
     plain = manifest.read_manifest(variants / "plain_collect", "collect")
@@ -266,6 +271,37 @@ def test_the_micro_pipeline_prints_the_table_every_figure_from_the_stores_and_a_
     assert sal["anchored_share"] == pytest.approx(sum(m["groups_anchored"] for m in logged.values()) / drawn)
     assert f"## Salvage-DS\n\n{len(logged)} updates. Per update: " in md
 
+    # Transfer: both main exports on the main state set and on sft's held-out steps, every figure from the
+    # per-state and per-step records of its report.
+    assert _ran(variants / "transfer") == {"transfer": True}
+    assert links.read_links(variants / "transfer") == {k: str(tmp_path / k) for k in ("sft", "mine", "salvage")}
+    report = json.loads((variants / "transfer" / "transfer" / "report.json").read_text())
+    assert report["policies"] == {"sft": f"hf:{tmp_path / 'sft' / 'hf'}", "rmsweb": f"hf:{tmp_path / 'salvage' / 'hf'}"}
+    states = StateSet(tmp_path / "mine" / "states.arrayrecord")
+    try:
+        assert [s["state_id"] for s in report["states"]] == [states[i].state_id for i in range(len(states))]
+    finally:
+        states.close()
+    tr = got["transfer"]
+    assert tr["samples"] == config.mine.samples and tr["training_states"]["states"] == len(report["states"]) > 0
+    for key in ("sft", "rmsweb"):
+        acc = [s[key] for s in report["states"]]
+        assert tr["training_states"][key] == {"accuracy": pytest.approx(sum(acc) / len(acc)),
+                                              "critical": sum(a < config.mine.tau for a in acc)}
+    split = json.loads((tmp_path / "sft" / "split.json").read_text())
+    held = tr["held_out_steps"]
+    sft_right = [r["correct"] for r in report["held_out_records"]["sft"]]
+    rl_right = [r["correct"] for r in report["held_out_records"]["rmsweb"]]
+    assert held["task_groups"] == len(split["held_out_task_groups"]) == 1
+    assert held["steps"] == len(sft_right) == len(rl_right) > 0
+    assert [r["example"] for r in report["held_out_records"]["sft"]] == [
+        r["example"] for r in report["held_out_records"]["rmsweb"]]
+    b, c = sum(x and not y for x, y in zip(rl_right, sft_right)), sum(y and not x for x, y in zip(rl_right, sft_right))
+    assert (held["only_rmsweb_right"], held["only_sft_right"], held["mcnemar_p"]) == (b, c, mcnemar_exact(b, c))
+    assert held["sft"]["accuracy"] == sum(sft_right) / len(sft_right)
+    assert "## Transfer: what Salvage-DS learned, on its states and on held-out steps" in md
+    assert f"greedy step accuracy on {held['steps']} held-out steps (1 task groups" in md
+
     # A rerun redoes nothing; the table forced to rerun finds every variant stage up to date.
     capsys.readouterr()
     run_stages(config, tmp_path)
@@ -276,7 +312,8 @@ def test_the_micro_pipeline_prints_the_table_every_figure_from_the_stores_and_a_
     out = capsys.readouterr().out
     assert _ran(tmp_path) == {**dict.fromkeys(config.stages, False), "table": True}
     assert "[plain_collect/collect] skipped: up to date" in out and "[sft_first/eval] skipped: up to date" in out
-    assert _ran(variants / "sft_first") == {"sft": False, "eval": False}
+    assert _ran(variants / "sft_first") == {"sft": False, "eval": False} and _ran(variants / "transfer") == {
+        "transfer": False}
     again = json.loads((tmp_path / "demo_table.json").read_text())
     assert {k: v for k, v in again.items() if k != "variants"} == {k: v for k, v in got.items() if k != "variants"}
 

@@ -81,7 +81,7 @@ def get_config(arg=None):
     c.data.batching = "bucket"
     c.data.buckets = (448, 576, 768)
     c.data.bucket_patches = (0, 0, 0)
-    # Held-out *seeds* are played closed loop (eval); 5% of the task groups (~105 of 2,100, ~150 steps) are held
+    # Held-out *seeds* are played closed loop (eval); 5% of the task groups (105 of 2,100, 121 steps) are held
     # out of SFT and RL for the table's transfer diagnostics (greedy step accuracy of SFT vs RMSWeb on them).
     c.data.held_out_fraction = 0.05
     c.data.worker_count = 0

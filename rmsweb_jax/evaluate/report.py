@@ -197,7 +197,8 @@ def build_report(policies: Sequence[Mapping[str, Any]], pairs: set[tuple[str, in
 
 
 # --- markdown -----------------------------------------------------------------------------------
-def _pct(value: float | None) -> str:
+def pct(value: float | None) -> str:
+    """Returns a share as a percentage with one decimal ("—" for None): the reports' and the table's format."""
     return "—" if value is None else f"{100 * value:.1f}%"
 
 
@@ -231,7 +232,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         "(solved) | failures | judge errors | browser lost |", "|---|---|---|---|---|---|---|---|---|"]
     for p in report["policies"]:
         o = p["overall"]
-        lines.append(f"| {p['label']} | {o['solved']} / {o['episodes']} | {_pct(o['success'])} | {_ci(o['ci95'])} | "
+        lines.append(f"| {p['label']} | {o['solved']} / {o['episodes']} | {pct(o['success'])} | {_ci(o['ci95'])} | "
                      f"{_ci(o['ci95_bootstrap'])} | {_steps(o)} | {o['failures']} | {o['judge_errors']} | "
                      f"{o['browser_lost']} |")
     for p in report["policies"]:
@@ -246,9 +247,9 @@ def markdown(report: Mapping[str, Any]) -> str:
                   "mean / median steps (solved) | failures | judge errors | browser lost |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for task, r in p["tasks"].items():
-            lines.append(f"| {task} | {r['solved']} / {r['episodes']} | {_pct(r['success'])} | {_ci(r['ci95'])} | — | "
+            lines.append(f"| {task} | {r['solved']} / {r['episodes']} | {pct(r['success'])} | {_ci(r['ci95'])} | — | "
                          f"{_steps(r)} | {r['failures']} | {r['judge_errors']} | {r['browser_lost']} |")
-        lines.append(f"| **all** | {o['solved']} / {o['episodes']} | {_pct(o['success'])} | {_ci(o['ci95'])} | "
+        lines.append(f"| **all** | {o['solved']} / {o['episodes']} | {pct(o['success'])} | {_ci(o['ci95'])} | "
                      f"{_ci(o['ci95_bootstrap'])} | {_steps(o)} | {o['failures']} | {o['judge_errors']} | "
                      f"{o['browser_lost']} |")
     lines += ["", "## Cost per episode (means)", "",
@@ -275,7 +276,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             diff = "—" if c["difference"] is None else f"{100 * c['difference']:+.1f} points"
             ci = "—" if c["ci95"] is None else f"{100 * c['ci95'][0]:+.1f} to {100 * c['ci95'][1]:+.1f}"
             step_diff = "—" if s["mean_difference"] is None else f"{s['mean_difference']:+.2f}"
-            lines.append(f"| {c['a']} vs {c['b']} | {c['n']} | {_pct(c['success_a'])} | {_pct(c['success_b'])} | "
+            lines.append(f"| {c['a']} vs {c['b']} | {c['n']} | {pct(c['success_a'])} | {pct(c['success_b'])} | "
                          f"{diff} | {ci} | {m['b']} / {m['c']} | {m['p']:.3g} | {s['n_both']} | "
                          f"{_num(s['mean_a'], 2)} / {_num(s['mean_b'], 2)} | {step_diff} |")
     lines += ["", "## Judge errors and browser-lost episodes (counted as unsolved)", ""]

@@ -40,7 +40,7 @@ from rmsweb_jax import storage
 from rmsweb_jax.collect.report import compute_report
 from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.errors import UserError
-from rmsweb_jax.evaluate.report import build_report, read_episodes
+from rmsweb_jax.evaluate.report import build_report, pct, read_episodes
 from rmsweb_jax.stages import collect, eval as eval_stage, links, manifest, mine, salvage, sft, transfer
 from rmsweb_jax.stages.pipeline import run_pipeline
 from rmsweb_jax.train.metrics import read_metrics
@@ -292,10 +292,6 @@ def build_table(config, workdir: pathlib.Path) -> dict:
 
 
 # --- markdown ----------------------------------------------------------------------------------
-def _pct(x) -> str:
-    return "—" if x is None else f"{100 * x:.1f}%"
-
-
 def _steps(x) -> str:
     return "—" if x is None else f"{x:.2f}"
 
@@ -310,7 +306,7 @@ def markdown(table: dict) -> str:
              f"| retries | success@1 | success@≤{k} | mean steps (solved) |", "|---|---|---|---|"]
     for key, name in (("plain", "plain (no reflection, randomness re-drawn)"), ("reflection", "reflection-conditioned")):
         r = col[key]
-        lines.append(f"| {name} | {_pct(r['success_at_1'])} | {_pct(r['success_at_le_K'])} | "
+        lines.append(f"| {name} | {pct(r['success_at_1'])} | {pct(r['success_at_le_K'])} | "
                      f"{_steps(r['mean_steps_solved'])} |")
     boot = pol["bootstrap"]
     lines += ["", f"## Policies on held-out seeds ({pol['pairs']} (task, seed) pairs, closed loop, one attempt)", "",
@@ -332,27 +328,27 @@ def markdown(table: dict) -> str:
             notes.append(f"- {r['row']}: {diff} vs {ROWS[BASELINE]}; " + (
                 f"the paired interval excludes 0: {side} it at this scale." if shown else
                 "the paired interval includes 0: a difference is not shown at this scale."))
-        lines.append(f"| {r['row']} | {r['solved']} / {r['episodes']} | {_pct(r['success'])} | "
-                     f"{_pct(r['ci95'][0])}–{_pct(r['ci95'][1])} | {_steps(r['mean_steps_all_solved'])} | {diff} | "
+        lines.append(f"| {r['row']} | {r['solved']} / {r['episodes']} | {pct(r['success'])} | "
+                     f"{pct(r['ci95'][0])}–{pct(r['ci95'][1])} | {_steps(r['mean_steps_all_solved'])} | {diff} | "
                      f"{ci} | {p} |")
     lines += ["", *notes, "", "## Mining", "",
               f"{mining['states']} reference steps replayed: {mining['critical']} critical "
-              f"({_pct(mining['critical_share'])}; replay accuracy < tau = {mining['tau']:g}), {mining['routine']} "
+              f"({pct(mining['critical_share'])}; replay accuracy < tau = {mining['tau']:g}), {mining['routine']} "
               "routine.", "", "| failure mode | critical states | share |", "|---|---|---|"]
-    lines += [f"| {m['mode']} | {m['states']} | {_pct(m['share'])} |" for m in mining["failure_modes"]] or [
+    lines += [f"| {m['mode']} | {m['states']} | {pct(m['share'])} |" for m in mining["failure_modes"]] or [
         "| (none) | 0 | — |"]
     sal = table.get("salvage")
     if sal is not None and sal["updates"]:
         u = sal["per_update"]
         lines += ["", "## Salvage-DS", "",
                   f"{sal['updates']} updates. Per update: {u['states_drawn']:.2f} states drawn, "
-                  f"{u['groups_accepted']:.2f} groups accepted by the gates ({_pct(sal['accepted_share'])} of those "
-                  f"drawn), {u['groups_anchored']:.2f} anchored ({_pct(sal['anchored_share'])}; "
+                  f"{u['groups_accepted']:.2f} groups accepted by the gates ({pct(sal['accepted_share'])} of those "
+                  f"drawn), {u['groups_anchored']:.2f} anchored ({pct(sal['anchored_share'])}; "
                   f"{u['rows_anchor_rows']:.2f} anchor rows trained, {u['rows_anchor_rows_dropped']:.2f} without "
                   f"room in the batch); reward mean {u['reward_mean']:+.3f}; sampled actions right " + (
-                      f"{_pct(sal['correct_share_first'])} in the first logged window, "
-                      f"{_pct(sal['correct_share_last'])} in the last." if sal.get("windows", 0) > 1 else
-                      f"{_pct(u['correct_share'])} (one logged window)." )]
+                      f"{pct(sal['correct_share_first'])} in the first logged window, "
+                      f"{pct(sal['correct_share_last'])} in the last." if sal.get("windows", 0) > 1 else
+                      f"{pct(u['correct_share'])} (one logged window)." )]
     lines += transfer_markdown(table.get("transfer"))
     return "\n".join(lines) + "\n"
 
@@ -365,7 +361,7 @@ def transfer_markdown(tr: dict | None) -> list[str]:
     lines = ["", "## Transfer: what Salvage-DS learned, on its states and on held-out steps", "",
              "| measure | SFT | RMSWeb | RMSWeb vs SFT |", "|---|---|---|---|",
              f"| sampled accuracy on Salvage-DS's {t['states']} training states (K = {tr['samples']}, temperature "
-             f"{tr['temperature']:g}) | {_pct(t['sft']['accuracy'])} | {_pct(t['rmsweb']['accuracy'])} | "
+             f"{tr['temperature']:g}) | {pct(t['sft']['accuracy'])} | {pct(t['rmsweb']['accuracy'])} | "
              + ("—" if t["difference"] is None else
                 f"{100 * t['difference']:+.1f} pts (paired 95% CI {100 * t['ci95'][0]:+.1f} to "
                 f"{100 * t['ci95'][1]:+.1f}); better on {t['improved']} states, worse on {t['worsened']}") + " |",
@@ -373,7 +369,7 @@ def transfer_markdown(tr: dict | None) -> list[str]:
              f"{t['rmsweb']['critical']} | |"]
     if h is not None:
         lines.append(f"| greedy step accuracy on {h['steps']} held-out steps ({h['task_groups']} task groups, never "
-                     f"trained on) | {_pct(h['sft']['accuracy'])} | {_pct(h['rmsweb']['accuracy'])} | "
+                     f"trained on) | {pct(h['sft']['accuracy'])} | {pct(h['rmsweb']['accuracy'])} | "
                      f"right only with RMSWeb {h['only_rmsweb_right']}, only with SFT {h['only_sft_right']}; "
                      f"McNemar p {h['mcnemar_p']:.3g} |")
     lines += ["", "A rise on the training states with none on the held-out steps reads as memorised states; no rise "

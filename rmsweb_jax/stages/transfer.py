@@ -28,6 +28,7 @@ import numpy as np
 from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.evaluate.report import pct
 from rmsweb_jax.evaluate.stats import mcnemar_exact, paired_bootstrap_interval
 from rmsweb_jax.evaluate.step_accuracy import greedy_records, summarize
 from rmsweb_jax.mining.replay import ReplaySettings, replay
@@ -152,12 +153,9 @@ def run(config, workdir: pathlib.Path) -> dict:
     if writer:
         storage.write_text_atomic(workdir / NAME / "report.json", json.dumps(report, indent=2))
     t, h = report["training_states"], report["held_out_steps"]
-    print(f"[transfer] training states: sampled accuracy {_pct(t['sft']['accuracy'])} (SFT) -> "
-          f"{_pct(t['rmsweb']['accuracy'])} (RMSWeb), critical {t['sft']['critical']} -> {t['rmsweb']['critical']}; "
-          + (f"held-out steps: greedy {_pct(h['sft']['accuracy'])} -> {_pct(h['rmsweb']['accuracy'])} "
+    print(f"[transfer] training states: sampled accuracy {pct(t['sft']['accuracy'])} (SFT) -> "
+          f"{pct(t['rmsweb']['accuracy'])} (RMSWeb), critical {t['sft']['critical']} -> {t['rmsweb']['critical']}; "
+          + (f"held-out steps: greedy {pct(h['sft']['accuracy'])} -> {pct(h['rmsweb']['accuracy'])} "
              f"(McNemar p {h['mcnemar_p']:.3g})" if h else report["held_out_note"]))
     return report
 
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"

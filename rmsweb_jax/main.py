@@ -115,6 +115,7 @@ class CtrlC:
         self.workdir, self.lock = workdir, None
         self._said = threading.Lock()
         self._pressed = threading.Event()
+        self._pressed_at: float | None = None
 
     @contextlib.contextmanager
     def handling(self, lock):
@@ -133,6 +134,7 @@ class CtrlC:
         if self._pressed.is_set():
             self._say_and_end()
         self._pressed.set()
+        self._pressed_at = time.monotonic()
         threading.Thread(target=self._end_after_grace, name="rmsweb-ctrl-c", daemon=True).start()
         raise KeyboardInterrupt
 
@@ -157,9 +159,20 @@ class CtrlC:
         os._exit(USAGE_ERROR if self._lost_lock() else INTERRUPTED)
 
     def exit(self) -> None:
-        """Says what stopped (once) and exits with 130 (2 when the lock was lost)."""
+        """Says what stopped (once), lets threads still working finish (within the grace) and exits with 130 (2 when
+        the lock was lost)."""
         self._say()
+        self._join_working_threads()
         sys.exit(USAGE_ERROR if self._lost_lock() else INTERRUPTED)
+
+    def _join_working_threads(self) -> None:
+        """Waits, until the grace ends, for the other non-daemon threads (Orbax's async checkpoint saves). Python's
+        exit shuts its thread-pool executors down before it joins those threads: a save still running then fails
+        at its next submit with a traceback ("cannot schedule new futures after interpreter shutdown")."""
+        deadline = (self._pressed_at or time.monotonic()) + STOP_GRACE_S
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _describe_wanted(stages) -> bool:

@@ -98,6 +98,36 @@ def test_stages_help_describes_every_stage_from_its_declarations():
     assert "  config.train.optimizer.lr = 0.003" in text  # the demo's value of a field a stage reads
 
 
+LATE_BACKGROUND_WORK = """
+import os, signal, threading, time
+from concurrent.futures import ThreadPoolExecutor
+from rmsweb_jax.main import CtrlC
+
+pool = ThreadPoolExecutor(1)
+def finish_save():  # as Orbax's async checkpoint thread: it hands its last step to an executor after the Ctrl-C
+    time.sleep(1.0)
+    pool.submit(print, "saved", flush=True).result()
+stop = CtrlC(None)
+try:
+    with stop.handling(None):
+        threading.Thread(target=finish_save, name="finish-save").start()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+except KeyboardInterrupt:
+    stop.exit()
+"""
+
+
+def test_ctrl_c_lets_background_work_finish_before_python_shuts_its_executors():
+    """A Ctrl-C exit waits (within the grace) for threads still working, such as Orbax's async save: exiting first,
+    Python shuts its executors down and the thread's next submit fails with a traceback ("cannot schedule new
+    futures after interpreter shutdown"; seen once in a full run, after Ctrl-C in train_smoke)."""
+    proc = subprocess.run([sys.executable, "-c", LATE_BACKGROUND_WORK], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["saved"] and "Traceback" not in proc.stderr, (proc.stdout, proc.stderr[-3000:])
+
+
 def test_ctrl_c_during_a_stage_is_one_line_and_exit_130(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
     proc = subprocess.Popen(

@@ -69,9 +69,14 @@ def floor_step_bytes(cfg, weights_bytes: int, prompts: int, group: int, prompt_l
 
 def with_group_decode(model, path: str):
     """Returns a model with `model`'s parameter arrays (shared, not copied) and runtime.group_decode = path."""
+    return with_runtime(model, group_decode=path)
+
+
+def with_runtime(model, **changes):
+    """Returns a model with `model`'s parameter arrays (shared, not copied) and its runtime options changed."""
     from flax import nnx
     from rmsweb_jax.models.qwen3_vl import abstract_model
-    twin = abstract_model(model.config, dataclasses.replace(model.runtime, group_decode=path))
+    twin = abstract_model(model.config, dataclasses.replace(model.runtime, **changes))
     nnx.update(twin, nnx.state(model))
     return twin
 

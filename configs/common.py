@@ -27,6 +27,8 @@ def base_config() -> ml_collections.ConfigDict:
                                           # | tensor | replicated | training (no copy: FSDP weights gathered per token)
     c.model.group_decode = "cascade"      # G samples of a prompt: cascade (one prompt KV cache read once per group
                                           # + each row's own) | copy (the prompt's cache copied to the G rows)
+    c.model.decode_compaction = 2         # times the decode loop may halve its rows as they finish (0: never;
+                                          # single-device programs only)
     c.model.vision_window = 4096          # most patches one image may have; vision attention then costs linear, not
                                           # quadratic, in a microbatch's images. A 1280x720 screenshot: smart_resize
                                           # -> 1280x704 -> 80x44 = 3520 patches of 16, rounded up to 4096 as

@@ -211,3 +211,23 @@ def test_topologies_and_chips():
         chips.chip("v7x")
     with pytest.raises(UserError, match=r"config.mesh.shape = \(1, -1, 3\): 32 devices are not divisible by 3"):
         memory.mesh_shape((1, -1, 3), 32)
+
+
+def test_one_device_plan_counts_the_first_decode_compaction():
+    """On one device the sampler compacts finished rows (model.decode_compaction): at the first compaction the loop's
+    cache and its live half are both alive. On a mesh the rows keep their places and the plan is unchanged."""
+    config = _preset("qwen3_vl_8b_salvage:v6e")
+    group, max_new = int(config.salvage.group_size), int(config.salvage.max_new_tokens)
+
+    def kv(topology, compaction):
+        config.model.decode_compaction = compaction
+        config.mesh.shape = (1, -1, 1)
+        stages = plan(config, chip_name="h200", topology=topology, mfu=0.4, usable_fraction=0.9).stages
+        return {s.stage: s for s in stages}["salvage"].kv_cache
+
+    bucket = memory.prompt_bucket(max(max(config.data.buckets) - max_new, 1))
+    one, one_kept = kv("1", 2), kv("1", 0)
+    # cascade: the prompts' cache (P x bucket slots) and the rows' own (P*G x max_new), the own half again on top
+    slots = bucket + group * max_new
+    assert one * slots == pytest.approx(one_kept * (slots + group * max_new // 2), rel=1e-6), (one, one_kept)
+    assert kv("8", 2) == kv("8", 0)

@@ -50,4 +50,5 @@ def runtime_from_config(model_cfg) -> qwen3_vl.RuntimeOptions:
                                    remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
                                    scan_layers=model_cfg.scan_layers, decode_layout=model_cfg.decode_layout,
                                    decode_sharding=model_cfg.decode_sharding, group_decode=model_cfg.group_decode,
+                                   decode_compaction=model_cfg.decode_compaction,
                                    vision_window=model_cfg.vision_window)

@@ -264,12 +264,18 @@ def _sampling(stage, config, model_config, local, state, mesh, rules, chip, runt
         own = (memory.kv_cache_bytes(model_config, runtime, mesh, decode_rules, decode_rows, shapes.prompt_len,
                                      shapes.max_new_tokens)
                - memory.kv_cache_bytes(model_config, runtime, mesh, decode_rules, decode_rows, shapes.prompt_len, 0))
+        kept, loop = prompt_only, own  # the prompts' cache stays alive beside the loop's
         sizes["kv_cache"] = prompt_only + own
     else:
-        sizes["kv_cache"] = (memory.kv_cache_bytes(model_config, runtime, mesh, rules, prefill_rows,
-                                                   shapes.prompt_len, shapes.max_new_tokens)
-                             + memory.kv_cache_bytes(model_config, runtime, mesh, decode_rules, decode_rows,
-                                                     shapes.prompt_len, shapes.max_new_tokens))
+        kept, loop = 0, memory.kv_cache_bytes(model_config, runtime, mesh, decode_rules, decode_rows,
+                                              shapes.prompt_len, shapes.max_new_tokens)
+        sizes["kv_cache"] = memory.kv_cache_bytes(model_config, runtime, mesh, rules, prefill_rows,
+                                                  shapes.prompt_len, shapes.max_new_tokens) + loop
+    if runtime.decode_compaction and math.prod(mesh.shape.values()) == 1:
+        # The loop's first compaction copies its live half: the rows' cache and that half are both alive then.
+        sizes["kv_cache"] = max(sizes["kv_cache"], kept + loop + loop // 2)
+        notes.append("sampling: decode_compaction on one device: the first compaction holds the decode rows' cache "
+                     "and its live half together")
     sizes["prefill"] = memory.forward_bytes(local, runtime, prefill_rows // dp, bucket, patches)
     notes.append(f"sampling: {real} prompt(s) prefilled as {prefill_rows} rows of {bucket} tokens, {decode_rows} rows "
                  f"x {shapes.max_new_tokens} new tokens decoded")

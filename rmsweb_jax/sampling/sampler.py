@@ -5,6 +5,7 @@ Prompts are left-padded to a length bucket and the cache holds bucket + max_new_
 the prefill; `generate_groups` draws G samples per prompt from one prefill. Its G rows decode over one copy of
 the prompt's KV cache, read once per group per step, plus each row's own cache (cascade attention,
 models/attention.py); RuntimeOptions.group_decode = "copy" copies the prompt's cache to the G rows instead.
+Rows that finish stop costing: the decode loop halves its rows as they finish (RuntimeOptions.decode_compaction).
 Every sampled token comes with its log-probability under the temperature-scaled model distribution
 (before top-k / top-p truncation), which is what the RL losses need.
 """
@@ -62,6 +63,7 @@ class SampleOutput(NamedTuple):
     logprobs: np.ndarray   # [B, N] f32; 0 after the stop
     lengths: np.ndarray    # [B] int32: generated tokens, the stop token included
     finished: np.ndarray   # [B] bool: a stop token was produced
+    row_steps: np.ndarray  # [] int32: rows x steps the decode loop ran, over its phases (what decoding cost)
 
 
 class Sampler:
@@ -134,9 +136,9 @@ class Sampler:
         all P*G rows decode in one loop, attending to the prompt's one KV cache and their own (group_decode
         "cascade"; "copy" repeats the prompt's cache to the G rows). The result equals `generate` on the list
         with each prompt repeated G times in a row (its images repeated per copy) and the same seed: the
-        random keys are split exactly as there (one key per step over the whole [P*G, V] batch, the first
+        random keys are split exactly as there (one key per step, folded with each row's place: row_keys; the first
         token drawn from the prefill's last logits) and every array from the last hidden state on has the
-        repeated list's shape. Tokens agree; log-probs agree to about one float32 ulp (measured <= 2e-6):
+        repeated list's shape (until rows finish: model.decode_compaction then drops finished rows, in both). Tokens agree; log-probs agree to about one float32 ulp (measured <= 2e-6):
         the prefill's GEMMs on P rows sum in another order than on P*G rows. One program compiles per
         (P, G, prompt bucket, max_new_tokens, patch bucket).
         """
@@ -195,7 +197,8 @@ class Sampler:
         # None: nothing suppressed, no mask in the program (ids past the vocabulary are dropped by the scatter)
         suppress = np.asarray(sorted(set(params.suppress_token_ids)), np.int32) if params.suppress_token_ids else None
         return (graphdef, state, step_weights, decode_graphdef, decode_text, inputs, params.max_new_tokens,
-                self.pad_id, stop, knobs, jax.random.key(seed), mode, group_size, real, cascade, suppress)
+                self.pad_id, stop, knobs, jax.random.key(seed), mode, group_size, real, cascade, suppress,
+                self.model.runtime.decode_compaction)
 
     @property
     def batch_shards(self) -> int:
@@ -248,7 +251,8 @@ def rollout_params(config, max_new_tokens: int, temperature: float, top_p: float
 
 def sample_token(logits: jax.Array, rng: jax.Array, temperature, top_p, top_k, *,
                  mode: tuple[bool, bool, bool] | None = None) -> tuple[jax.Array, jax.Array]:
-    """Returns (token [B], logprob [B]) from fp32 logits [B, V]: greedy when temperature == 0.
+    """Returns (token [B], logprob [B]) from fp32 logits [B, V]: greedy when temperature == 0. `rng`: one key for
+    the whole batch, or one per row [B] (row_keys).
 
     `mode` = (greedy, use_top_k, use_top_p) as static flags skips the vocabulary sorts that unused
     filters would cost on every decode step; None decides from the (traced) values instead.
@@ -277,7 +281,10 @@ def sample_token(logits: jax.Array, rng: jax.Array, temperature, top_p, top_k, *
         drop_sorted = (jnp.cumsum(probs, axis=-1) - probs) >= top_p
         drop = jnp.zeros_like(drop_sorted).at[jnp.arange(order.shape[0])[:, None], order].set(drop_sorted)
         filtered = jnp.where(drop, -jnp.inf, filtered)
-    sampled = jax.random.categorical(rng, filtered, axis=-1)
+    if jnp.ndim(rng) == 1:  # one key per row (row_keys)
+        sampled = jax.vmap(lambda key, row: jax.random.categorical(key, row))(rng, filtered)
+    else:
+        sampled = jax.random.categorical(rng, filtered, axis=-1)
     token = jnp.where(is_greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
     return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
@@ -287,10 +294,10 @@ def _step_weights(graphdef, state) -> decode.StepWeights:
     return decode.step_weights(nnx.merge(graphdef, state).text)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 6, 7, 11, 12, 13, 14))
+@functools.partial(jax.jit, static_argnums=(0, 3, 6, 7, 11, 12, 13, 14, 16))
 def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_graphdef, decode_text,
               inputs: ModelInputs, max_new: int, pad_id: int, stop_ids, knobs, rng, mode, group: int, real: int,
-              cascade: bool, suppress_ids=None):
+              cascade: bool, suppress_ids=None, compaction: int = 0):
     """Prefill, then decode steps: through the model's stacked layers, over `step_weights` when given, or over
     `decode_text` (the text weights in the decode layout, with `decode_graphdef`'s rules) when given.
 
@@ -300,7 +307,9 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
     would build for the repeated prompts. The prompt's cache: with `cascade` the prefill's cache holds the
     prompt only and stays one copy per prompt (the `prefix` of every decode step); each row's new tokens go to
     a cache of max_new slots of its own. Without, the cache (prompt + max_new slots) is repeated `group` times.
-    Tokens of `suppress_ids` (None: none) are never drawn.
+    Tokens of `suppress_ids` (None: none) are never drawn. `compaction`: how many times the decode rows may halve
+    as they finish (RuntimeOptions.decode_compaction; without a mesh only). Each row draws with its own key
+    (row_keys), so the tokens do not depend on it.
     """
     model = nnx.merge(graphdef, state)
     mesh, rules = model.mesh, model.rules
@@ -347,7 +356,9 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
         return logits if suppress_ids is None else logits.at[:, suppress_ids].set(-jnp.inf, mode="drop")
 
     rng, sub = jax.random.split(rng)
-    first, first_lp = sample_token(allowed(model.logits(last_hidden)[:, 0]), sub, temperature, top_p, top_k, mode=mode)
+    every_row = jnp.arange(b, dtype=jnp.int32)
+    first, first_lp = sample_token(allowed(model.logits(last_hidden)[:, 0]), row_keys(sub, every_row), temperature,
+                                   top_p, top_k, mode=mode)
     tokens = jnp.full((b, max_new), pad_id, jnp.int32).at[:, 0].set(first)
     logprobs = jnp.zeros((b, max_new), jnp.float32).at[:, 0].set(first_lp)
     done = jnp.isin(first, stop_ids)
@@ -356,36 +367,97 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
         cache = decode.step_cache(cache)
         prefix = None if prefix is None else decode.step_cache(prefix)
 
-    def step_logits(last, pos, cache):
+    def step_logits(last, pos, cache, rope):
         if step_weights is not None:
             hidden, cache = decode.step_hidden(model.text, step_weights, cache, last, pos, prefix)
             return decode.step_logits(step_weights, hidden), cache
-        step_inputs = ModelInputs(last[:, None], jnp.ones((b, 1), jnp.int32), pos, None, rope_deltas)
+        n = last.shape[0]
+        step_inputs = ModelInputs(last[:, None], jnp.ones((n, 1), jnp.int32), pos, None, rope)
         hidden, cache = model.hidden_states(step_inputs, cache, prefix)
         return model.logits(hidden)[:, 0], _place_cache(cache, mesh, rules)
 
-    def cond(carry):
-        step, _, _, done, _, _, _, _ = carry
-        return (step < max_new) & ~jnp.all(done)
-
+    # `rows`: the places in the output of the rows a step runs, None for all of them in order (the first phase: no
+    # gather or scatter by index, which on a mesh would add collectives to the loop).
     def body(carry):
-        step, tokens, logprobs, done, lengths, cache, last, rng = carry
-        pos = jnp.broadcast_to((next_pos + step - 1)[None, :, None], (3, b, 1)).astype(jnp.int32)
-        logits, cache = step_logits(last, pos, cache)
+        step, tokens, logprobs, done, lengths, cache, last, rng, rows, row_steps = carry
+        of = (lambda x: x) if rows is None else (lambda x: x[rows])
+        n = last.shape[0]
+        pos = jnp.broadcast_to((of(next_pos) + step - 1)[None, :, None], (3, n, 1)).astype(jnp.int32)
+        logits, cache = step_logits(last, pos, cache, of(rope_deltas))
         rng, sub = jax.random.split(rng)
-        tok, lp = sample_token(allowed(logits), sub, temperature, top_p, top_k, mode=mode)
-        tok = jnp.where(done, pad_id, tok)
-        lp = jnp.where(done, 0.0, lp)
-        tokens = jax.lax.dynamic_update_index_in_dim(tokens, tok, step, axis=1)
-        logprobs = jax.lax.dynamic_update_index_in_dim(logprobs, lp, step, axis=1)
-        lengths = lengths + (~done).astype(jnp.int32)
-        done = done | jnp.isin(tok, stop_ids)
-        return step + 1, tokens, logprobs, done, lengths, cache, tok, rng
+        tok, lp = sample_token(allowed(logits), row_keys(sub, every_row if rows is None else rows), temperature,
+                               top_p, top_k, mode=mode)
+        was = of(done)
+        tok = jnp.where(was, pad_id, tok)
+        lp = jnp.where(was, 0.0, lp)
+        now = was | jnp.isin(tok, stop_ids)
+        if rows is None:
+            tokens = jax.lax.dynamic_update_index_in_dim(tokens, tok, step, axis=1)
+            logprobs = jax.lax.dynamic_update_index_in_dim(logprobs, lp, step, axis=1)
+            lengths, done = lengths + (~was).astype(jnp.int32), now
+        else:
+            tokens, logprobs = tokens.at[rows, step].set(tok), logprobs.at[rows, step].set(lp)
+            lengths, done = lengths.at[rows].add((~was).astype(jnp.int32)), done.at[rows].set(now)
+        return step + 1, tokens, logprobs, done, lengths, cache, tok, rng, rows, row_steps + n
 
-    carry = (jnp.int32(1), tokens, logprobs, done, lengths, cache, first, rng)
-    with jax.named_scope(DECODE_LOOP_SCOPE):  # names the loop in the HLO (plan/tpu_aot.py finds its body)
-        _, tokens, logprobs, done, lengths, _, _, _ = jax.lax.while_loop(cond, body, carry)
-    return tokens, logprobs, lengths, done
+    # Rows that finish stop costing: the loop runs in phases of halving width (decode_widths). A phase ends once no
+    # segment has more live rows than the next width; its live rows (and enough finished ones to fill the width) then
+    # go on with their caches, the rest are dropped. Segments are the groups under cascade (their rows share a
+    # prefix row, so a group halves within itself), else all rows are one segment.
+    segments = real if prefix is not None else 1
+    widths = decode_widths(b // segments, compaction if mesh is None or mesh.size == 1 else 0)
+    carry = (jnp.int32(1), tokens, logprobs, done, lengths, cache, first, rng, None, jnp.int32(0))
+    for phase, width in enumerate(widths):
+        following = widths[phase + 1] if phase + 1 < len(widths) else None
+
+        def cond(carry, width=width, following=following):
+            step, done, rows = carry[0], carry[3], carry[8]
+            live = ~(done if rows is None else done[rows])
+            more = (step < max_new) & jnp.any(live)
+            if following is not None:
+                more &= jnp.max(jnp.sum(live.reshape(segments, width), axis=1)) > following
+            return more
+
+        with jax.named_scope(DECODE_LOOP_SCOPE):  # names the loop in the HLO (plan/tpu_aot.py finds its body)
+            carry = jax.lax.while_loop(cond, body, carry)
+        if following is not None:
+            step, tokens, logprobs, done, lengths, cache, last, rng, rows, row_steps = carry
+            rows = every_row if rows is None else rows
+            keep = live_first(~done[rows], segments, width, following)
+            carry = (step, tokens, logprobs, done, lengths, _take_rows(cache, keep), last[keep], rng, rows[keep],
+                     row_steps)
+    _, tokens, logprobs, done, lengths, _, _, _, _, row_steps = carry
+    return tokens, logprobs, lengths, done, row_steps
+
+
+def row_keys(key: jax.Array, rows: jax.Array) -> jax.Array:
+    """Returns one random key per row [R] for a step's draw: `key` folded with each row's place in the output, so a
+    row's draws do not depend on which other rows the step runs (compacted or not, grouped or repeated)."""
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, rows)
+
+
+def decode_widths(width: int, compaction: int) -> tuple[int, ...]:
+    """Returns the row widths (per segment) of the decode loop's phases: `width`, then halved (rounded up)
+    `compaction` times at most, down to 1."""
+    widths = [int(width)]
+    while len(widths) <= compaction and widths[-1] > 1:
+        widths.append(-(-widths[-1] // 2))
+    return tuple(widths)
+
+
+def live_first(live: jax.Array, segments: int, width: int, keep: int) -> jax.Array:
+    """Returns the places [segments * keep] of the rows to keep: in each segment of `width` rows, its live rows in
+    order, then finished ones, `keep` in all (every live row fits: the phase ended when none had more)."""
+    order = jnp.argsort((~live).reshape(segments, width).astype(jnp.int32), axis=1, stable=True)[:, :keep]
+    return (jnp.arange(segments, dtype=jnp.int32)[:, None] * width + order).reshape(-1)
+
+
+def _take_rows(cache, keep: jax.Array):
+    """Returns the decode cache (stacked KVCache [L, B, ...] or per-layer StepCache [B, ...]) of rows `keep`."""
+    if isinstance(cache, KVCache):
+        return KVCache(cache.k[:, keep], cache.v[:, keep], cache.segment_ids[keep], cache.index)
+    return decode.StepCache(tuple(k[keep] for k in cache.k), tuple(v[keep] for v in cache.v),
+                            cache.segment_ids[keep], cache.index)
 
 
 def _rows(x: jax.Array, row_axis: int, mesh, rules) -> jax.Array:

@@ -63,7 +63,7 @@ HASH_LIMIT = 64 << 20  # files up to 64 MiB are fingerprinted by content; larger
 # these, not model.init, so a new model.init for sft does not rerun them by itself.
 MODEL_LOADING = ("model.param_dtype", "model.compute_dtype", "model.remat_policy", "model.attention_impl",
                  "model.scan_layers", "model.decode_layout", "model.decode_sharding", "model.group_decode",
-                 "model.vision_window", "mesh", "sharding_rules")
+                 "model.decode_compaction", "model.vision_window", "mesh", "sharding_rules")
 # Fields that cannot change results (NON_RESULT_FIELDS), shared by the stages that read them.
 # The trainer's (train/loop.py), whole blocks: train.metrics (what is logged, how often, where to; the MFU's
 # peak, a reported figure), train.checkpoint (when state is saved, how many kept, async or not), and the

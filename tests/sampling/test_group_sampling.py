@@ -103,6 +103,30 @@ def test_copy_group_decode_equals_repeated_prompts(checkpoint):
     assert got.finished.any() and not got.finished.all()
 
 
+@pytest.mark.parametrize("layout", ["per_layer", "stacked"])
+def test_compacting_finished_rows_changes_no_sample_and_cuts_the_row_steps(checkpoint, layout):
+    """model.decode_compaction drops finished rows as the loop goes (phases of halving width, within each group
+    under cascade). Every row draws with its own key, so the samples are the uncompacted loop's; the loop runs
+    fewer row-steps, and never fewer than the live rows' own."""
+    prompts = _text_prompts(4, (5, 11, 8, 3))
+    sp = SamplingParams(max_new_tokens=16, temperature=1.0, stop_token_ids=tuple(range(10, 90)))  # ~16%: short rows
+    def run(compaction):
+        runtime = RuntimeOptions(decode_layout=layout, decode_compaction=compaction)
+        s = Sampler(params.from_hf(checkpoint, runtime=runtime))
+        return s.generate_groups(prompts, 4, sp, seed=5), s.generate(prompts * 2, sp, seed=5)
+    kept, compacted, deeper = run(0), run(2), run(3)
+    for want, got in zip(kept, compacted):
+        _assert_same_samples(got, want)
+    for want, got in zip(kept, deeper):
+        _assert_same_samples(got, want)
+    for out in kept:  # the uncompacted loop runs every row until the last one stops
+        assert out.row_steps == out.lengths.size * (out.lengths.max() - 1)
+        assert (out.lengths < out.lengths.max()).sum() > out.lengths.size // 2  # most rows finish early: phases end
+    for full, fewer in zip(kept, compacted):
+        live = int((fewer.lengths - 1).sum())  # the steps each row still had to decode
+        assert live <= fewer.row_steps < full.row_steps, (live, fewer.row_steps, full.row_steps)
+
+
 def _while_operands(jaxpr) -> list[tuple[int, ...]]:
     """Returns the shapes of every operand of every while loop in `jaxpr` (nested jaxprs included)."""
     found = []
@@ -127,7 +151,7 @@ def test_grouped_rows_never_hold_copies_of_the_prompt_cache(checkpoint, layout):
     prompts, group, sp = _text_prompts(13, (20, 7)), 4, SamplingParams(max_new_tokens=5, temperature=1.0)
     bucket = 32  # the prompts' length bucket
 
-    def kv_buffers(group_decode):  # (rows, slots) of every KV buffer the decode loop carries
+    def kv_buffers(group_decode):  # (rows, slots) of every KV buffer the decode loops carry
         runtime = RuntimeOptions(decode_layout=layout, group_decode=group_decode)
         jaxpr = Sampler(params.from_hf(checkpoint, runtime=runtime)).program(prompts, group, sp).jaxpr.jaxpr
         shapes = _while_operands(jaxpr)
@@ -136,8 +160,12 @@ def test_grouped_rows_never_hold_copies_of_the_prompt_cache(checkpoint, layout):
         return per_layer | stacked
 
     rows = len(prompts) * group
-    assert kv_buffers("cascade") == {(len(prompts), bucket), (rows, sp.max_new_tokens)}
-    assert kv_buffers("copy") == {(rows, bucket + sp.max_new_tokens)}  # what the check would catch
+    # model.decode_compaction = 2 (the default): the loop's phases run on G, G/2 and G/4 rows of each group (cascade),
+    # on all rows, half and a quarter of them (copy); every phase's rows of cascade hold their own slots only
+    assert RuntimeOptions().decode_compaction == 2
+    assert kv_buffers("cascade") == {(len(prompts), bucket)} | {(len(prompts) * g, sp.max_new_tokens)
+                                                                 for g in (group, group // 2, group // 4)}
+    assert kv_buffers("copy") == {(r, bucket + sp.max_new_tokens) for r in (rows, rows // 2, rows // 4)}
 
 
 def _dot_rows(jaxpr) -> list[tuple[int, int]]:

@@ -198,6 +198,12 @@ class RuntimeOptions:
     # prompt's KV cache that the G rows read together, plus each row's own cache (models/attention.py); "copy"
     # copies the prompt's cache to the G rows (G reads of it per step; kept for the bench's comparison).
     group_decode: str = "cascade"
+    # How many times the decode loop may halve its rows as they finish (sampling/sampler.py `_generate`): the
+    # finished rows are dropped and the live ones go on in a bucket half the size, so a batch of short tool calls
+    # with a few long rows stops paying for the short ones. Rows sharing a prompt's cache ("cascade") halve within
+    # their group. 0: never (every row decodes until all are done). Single-device programs only: on a mesh the
+    # rows keep their places (a compaction would move KV caches between devices).
+    decode_compaction: int = 2
     # The most patches one image (one frame) given to the vision tower may have: its attention then runs
     # over the band of this many patches around each patch, exact and linear in the number of images
     # (models/attention.py). 0: over the whole microbatch, quadratic. A larger image is refused on the host
@@ -212,6 +218,9 @@ class RuntimeOptions:
                  self.decode_layout)
         _require(self.decode_sharding in DECODE_SHARDINGS, "decode_sharding", f"one of {DECODE_SHARDINGS}",
                  self.decode_sharding)
+        _require(not isinstance(self.decode_compaction, bool) and isinstance(self.decode_compaction, int)
+                 and self.decode_compaction >= 0, "decode_compaction", "an int >= 0 (0: never)",
+                 self.decode_compaction)
         _require(self.group_decode in GROUP_DECODES, "group_decode", f"one of {GROUP_DECODES}", self.group_decode)
         _require(self.remat_policy in REMAT_POLICIES, "remat_policy", f"one of {REMAT_POLICIES}", self.remat_policy)
         _require(self.attention_impl in ATTENTION_IMPLS, "attention_impl", f"one of {ATTENTION_IMPLS}",

@@ -1,13 +1,23 @@
 """RMSWeb's table over several runs (e.g. the demo with run seeds 0, 1, 2): each figure per run, its mean
-and its spread (min, max, sample standard deviation), so a reader sees how much of a difference is noise.
+and its spread (min, max, sample standard deviation), so a reader sees how much of a difference is noise; then the
+policy rows' differences pooled over the runs.
 
     python -m rmsweb_jax.stages.table_spread /tmp/demo_s0 /tmp/demo_s1 /tmp/demo_s2 [--out=spread.md]
 
-Reads each run's demo_table.json (the table stage's output) and nothing else.
+Reads each run's demo_table.json (the table stage's output) and, for the pooled differences, the episodes of the
+policy rows' eval stores it names. Pooled: every policy row against the baseline (SFT on reflection-collected
+data), and each ablation row (when the runs have them) against RMSWeb, paired by (run, task, seed) over the held-out
+pairs both played in each run:
+- the pooled difference, its 95% paired bootstrap interval resampled within each (run, task), and the exact
+  McNemar p of the pooled discordant pairs. This counts episode noise only: the runs share their held-out seeds;
+- the runs' own differences, and a t interval over them (mean +- t(0.975, runs - 1) x sd / sqrt(runs)), which counts
+  the run-to-run spread of training too (the wider, and with 3 runs a weak one);
+- how many runs have the row ahead (a sign test, one-sided p = 2^-runs when all are).
 """
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import statistics
 import sys
@@ -70,6 +80,86 @@ def spread(tables: list[dict]) -> list[dict]:
     return rows
 
 
+# t(0.975, df) for df = 1..10: the runs' own-difference interval (scipy is not a dependency).
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+RMSWEB = "rmsweb"
+
+
+def _outcomes(table: dict, key: str, workdir) -> dict[tuple[str, int], bool]:
+    """Returns {(task, seed): solved} of a policy row's eval store (first attempts, as the table counted them)."""
+    from rmsweb_jax.evaluate.report import read_episodes  # deferred, as read_tables
+    row = next(r for r in table["policies"]["rows"] if r["key"] == key)
+    store = row["store_dir"]
+    if not storage.as_path(store).is_dir():
+        raise UserError(f"{store} is missing: the eval store of row {row['row']!r} of {workdir} (the pooled "
+                        "differences read every row's episodes)")
+    return {k: bool(t.success) for k, t in read_episodes(store, None).items()}
+
+
+def pooled(workdirs, tables: list[dict], *, samples: int = 10_000, seed: int = 0) -> list[dict]:
+    """Returns one comparison per policy row present in every run: each row against the baseline, each ablation row
+    against RMSWeb, pooled over the runs (see the module): row, against, n pairs, difference, ci95 (paired
+    bootstrap within (run, task)), mcnemar (b: only the row solved, c: only the other, p), per-run differences,
+    runs_ci95 (t over the runs' differences; None for one run), runs_ahead."""
+    from rmsweb_jax.evaluate.stats import mcnemar_exact, paired_bootstrap_interval
+    from rmsweb_jax.stages.table import ABLATIONS, ALL_STATES, BASELINE
+    ablations = {name for name, *_ in ABLATIONS} | {ALL_STATES[0]}
+    keys = [r["key"] for r in tables[0]["policies"]["rows"]]
+    keys = [k for k in keys if all(k in {r["key"] for r in t["policies"]["rows"]} for t in tables)]
+    names = {r["key"]: r["row"] for r in tables[0]["policies"]["rows"]}
+    comparisons = [(k, BASELINE) for k in keys if k != BASELINE]
+    comparisons += [(k, RMSWEB) for k in keys if k in ablations and RMSWEB in keys]
+    cache: dict = {}
+
+    def outcomes(run: int, key: str):
+        if (run, key) not in cache:
+            cache[run, key] = _outcomes(tables[run], key, workdirs[run])
+        return cache[run, key]
+
+    out = []
+    for key, other in comparisons:
+        a, b, strata, per_run = [], [], [], []
+        for run in range(len(tables)):
+            mine, theirs = outcomes(run, key), outcomes(run, other)
+            pairs = sorted(set(mine) & set(theirs))
+            if not pairs:
+                raise UserError(f"{workdirs[run]}: rows {key!r} and {other!r} share no held-out pair")
+            a += [float(mine[p]) for p in pairs]
+            b += [float(theirs[p]) for p in pairs]
+            strata += [f"{run}/{task}" for task, _ in pairs]
+            per_run.append(sum(mine[p] - theirs[p] for p in pairs) / len(pairs))
+        only_a = sum(x > y for x, y in zip(a, b))
+        only_b = sum(y > x for x, y in zip(a, b))
+        runs_ci = None
+        if len(per_run) > 1:
+            half = T975[min(len(per_run), len(T975) + 1) - 2] * statistics.stdev(per_run) / math.sqrt(len(per_run))
+            runs_ci = [statistics.fmean(per_run) - half, statistics.fmean(per_run) + half]
+        out.append({"row": names[key], "key": key, "against": names[other], "n": len(a),
+                    "difference": (sum(a) - sum(b)) / len(a),
+                    "ci95": list(paired_bootstrap_interval(a, b, strata, samples=samples, seed=seed)),
+                    "mcnemar": {"b": only_a, "c": only_b, "p": mcnemar_exact(only_a, only_b)},
+                    "per_run": per_run, "runs_ci95": runs_ci, "runs_ahead": sum(d > 0 for d in per_run)})
+    return out
+
+
+def pooled_markdown(rows: list[dict], runs: int) -> str:
+    """Returns the pooled differences as a markdown section."""
+    lines = [f"## Pooled over the {runs} run{'s' if runs > 1 else ''}", "",
+             "Paired by (run, task, seed). Bootstrap: episodes resampled within each (run, task), episode noise only "
+             "(the runs share their held-out seeds). Over the runs: a t interval of the runs' own differences, "
+             "which counts the run-to-run spread of training too.", "",
+             "| row | against | pairs | difference | 95% paired bootstrap | McNemar p (only row / only other) "
+             "| per run | t interval over the runs | runs ahead |", "|---" * 9 + "|"]
+    for r in rows:
+        ci, runs_ci = r["ci95"], r["runs_ci95"]
+        lines.append(f"| {r['row']} | {r['against']} | {r['n']} | {100 * r['difference']:+.1f} pts | "
+                     f"{100 * ci[0]:+.1f} to {100 * ci[1]:+.1f} | {r['mcnemar']['p']:.3g} ({r['mcnemar']['b']} / "
+                     f"{r['mcnemar']['c']}) | " + ", ".join(f"{100 * d:+.1f}" for d in r["per_run"]) + " | "
+                     + ("—" if runs_ci is None else f"{100 * runs_ci[0]:+.1f} to {100 * runs_ci[1]:+.1f}")
+                     + f" | {r['runs_ahead']} of {len(r['per_run'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def _fmt(name: str, x) -> str:
     if x is None:
         return "—"
@@ -102,7 +192,12 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        text = markdown(args, spread(read_tables(args)))
+        tables = read_tables(args)
+        text = markdown(args, spread(tables)) + "\n"
+        if all("store_dir" in r for t in tables for r in t["policies"]["rows"]):
+            text += pooled_markdown(pooled(args, tables), len(args))
+        else:  # tables written before the rows named their stores
+            text += "Pooled differences: not computed (a table's policy rows name no eval store).\n"
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

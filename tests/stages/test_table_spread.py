@@ -2,6 +2,7 @@
 import json
 import statistics
 
+import numpy as np
 import pytest
 
 from rmsweb_jax.errors import UserError
@@ -55,3 +56,71 @@ def test_a_run_without_a_table_is_named(tmp_path, capsys):
         table_spread.read_tables([tmp_path / "nowhere"])
     assert table_spread.main([str(tmp_path / "nowhere")]) == 2
     assert "demo_table.json is missing" in capsys.readouterr().err
+
+
+# Two runs' held-out outcomes per row, (task, seed) -> solved; each run's rows are written to real eval stores.
+TASKS = [("t-a", s) for s in range(6)] + [("t-b", s) for s in range(4)]
+OUTCOMES = [
+    {"sft": [1, 0, 0, 1, 0, 1, 0, 0, 1, 0], "rmsweb": [1, 1, 0, 1, 1, 1, 0, 1, 1, 0],
+     "salvage_anchor_off": [0, 1, 0, 1, 0, 0, 0, 1, 1, 0]},
+    {"sft": [0, 0, 1, 1, 0, 0, 1, 0, 0, 0], "rmsweb": [0, 1, 1, 0, 0, 1, 1, 0, 1, 1],
+     "salvage_anchor_off": [0, 1, 1, 0, 0, 1, 0, 0, 0, 1]},
+]
+
+
+def _run_with_stores(root, outcomes):
+    from rmsweb_jax.collect.store_fixture import retry_group
+    from tests.settings import store_writer
+    rows = []
+    for key, solved in outcomes.items():
+        store = root / "eval" / key
+        with store_writer(store, flush_every_tasks=3, policy=key) as writer:
+            for (task, seed), ok in zip(TASKS, solved):
+                writer.add_group(retry_group(task, seed, solved_at=1 if ok else None, attempts=1, policy=key))
+        name = table.ROWS.get(key) or dict((a[0], a[1]) for a in table.ABLATIONS)[key]
+        rows.append({"key": key, "row": name, "store_dir": str(store), "success": sum(solved) / len(solved),
+                     "mean_steps_all_solved": 2.0, "vs_baseline": None})
+    t = _table(0.6, 0.9, 0.3, 0.3, 2.0, 0.8, 0.5)
+    t["policies"]["rows"] = rows
+    (root / "demo_table.json").write_text(json.dumps(t))
+    return str(root)
+
+
+def test_pooled_differences_over_the_runs_from_the_eval_stores(tmp_path, capsys):
+    from scipy import stats as scipy_stats
+    dirs = [_run_with_stores(tmp_path / f"s{i}", o) for i, o in enumerate(OUTCOMES)]
+    got = {(r["key"], r["against"]): r for r in table_spread.pooled(dirs, table_spread.read_tables(dirs), samples=4000)}
+    assert set(got) == {("rmsweb", table.ROWS["sft"]), ("salvage_anchor_off", table.ROWS["sft"]),
+                        ("salvage_anchor_off", table.ROWS["rmsweb"])}
+    rng = np.random.default_rng(1)
+    for (key, against), r in got.items():
+        other = "sft" if against == table.ROWS["sft"] else "rmsweb"
+        per_run = [np.subtract(o[key], o[other]) for o in OUTCOMES]
+        diffs = np.concatenate(per_run)
+        assert r["n"] == 20 and r["difference"] == pytest.approx(diffs.mean())
+        assert r["per_run"] == pytest.approx([d.mean() for d in per_run])
+        b, c = int((diffs > 0).sum()), int((diffs < 0).sum())
+        assert r["mcnemar"] == {"b": b, "c": c, "p": pytest.approx(scipy_stats.binomtest(b, b + c, 0.5).pvalue)}
+        means = [d.mean() for d in per_run]
+        half = scipy_stats.t.ppf(0.975, 1) * statistics.stdev(means) / np.sqrt(2)
+        assert r["runs_ci95"] == pytest.approx([np.mean(means) - half, np.mean(means) + half], abs=1e-3)
+        assert r["runs_ahead"] == sum(m > 0 for m in means)
+        # the bootstrap within (run, task), done here by hand: the interval's ends within 1.5 points
+        strata = [d[:6] for d in per_run] + [d[6:] for d in per_run]
+        boots = sum(rng.choice(s, size=(20000, len(s))).sum(axis=1) for s in strata) / 20
+        assert r["ci95"] == pytest.approx(list(np.percentile(boots, [2.5, 97.5])), abs=0.015)
+
+    assert table_spread.main(dirs) == 0
+    text = capsys.readouterr().out
+    assert "## Pooled over the 2 runs" in text
+    r = got[("rmsweb", table.ROWS["sft"])]
+    assert (f"| {table.ROWS['rmsweb']} | {table.ROWS['sft']} | 20 | {100 * r['difference']:+.1f} pts |") in text
+
+
+def test_a_missing_eval_store_is_named(tmp_path):
+    dirs = [_run_with_stores(tmp_path / "s0", OUTCOMES[0])]
+    missing = tmp_path / "s0" / "eval" / "rmsweb"
+    import shutil
+    shutil.rmtree(missing)
+    with pytest.raises(UserError, match=rf"{missing} is missing: the eval store of row"):
+        table_spread.pooled(dirs, table_spread.read_tables(dirs))

@@ -260,6 +260,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.salvage.group_size = 8              # G responses sampled per state
     c.salvage.groups_per_step = 4         # B accepted groups per update
     c.salvage.max_draws_per_step = 16     # draw budget: states sampled per update at most (then the shortfall is logged)
+    c.salvage.epochs = 1                  # optimizer steps on each drawn batch (PPO's epochs: from the second the
+                                          # importance ratio leaves 1 and the clip bounds act); salvage.train.
+                                          # total_steps counts optimizer steps and must be a multiple of it
     c.salvage.temperature = 1.0
     c.salvage.top_p = 1.0
     c.salvage.max_new_tokens = 256

@@ -62,6 +62,8 @@ BAD = [
     ("salvage", "salvage.gates", "bogus", "config.salvage.gates"),                       # GateSettings
     ("salvage", "salvage.train.lr", -1.0, "config.salvage.train.lr = -1.0"),             # train_config
     ("salvage", "salvage.group_size", 10_000, "cannot hold"),                            # the batch holds B x G
+    ("salvage", "salvage.epochs", 0, "config.salvage.epochs = 0: expected an int >= 1"),  # LearnerSettings
+    ("salvage", "salvage.epochs", 7, "is not a multiple of config.salvage.epochs = 7"),  # the run ends at a draw
     ("eval", "eval.num_seeds", 0, "eval.num_seeds must be an int >= 1"),
     ("eval", "collect.step_timeout_s", 0.0, "config.collect.step_timeout_s = 0.0"),      # CollectSettings as eval plays
     ("transfer", "transfer.batch_size", 0, "config.transfer.batch_size must be an int >= 1"),

@@ -13,7 +13,9 @@ update is one method per part, in this order:
     build_rows                          policy rows of the accepted groups, anchor rows of the anchored
                                         ones, as one padded batch (salvage/batches.py)
     old_logprobs                        the actor's own log-probs of the exact rows (and the reference's)
-    update                              one optimizer step (the sampler's state saved with it)
+    update                              `epochs` optimizer steps on the batch (config.salvage.epochs, default 1;
+                                        from the second the importance ratio leaves 1; the sampler's state saved
+                                        with the last)
     sync                                the rollout model refreshed from the new parameters (the step
                                         donated the old ones)
 
@@ -58,6 +60,7 @@ class LearnerSettings:
     gates: GateSettings
     draw: DrawSettings
     anchor_weight: float
+    epochs: int = 1  # optimizer steps on each drawn batch (config.salvage.epochs)
 
 
 class SalvageDSLearner:
@@ -69,8 +72,12 @@ class SalvageDSLearner:
     @classmethod
     def settings_from_config(cls, salvage) -> LearnerSettings:
         """Returns the settings of the config.salvage block (checked: a bad value fails before a model loads)."""
+        epochs = salvage.get("epochs", 1)
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise UserError(f"config.salvage.epochs = {epochs!r}: expected an int >= 1 (optimizer steps on each drawn "
+                            "batch)")
         return LearnerSettings(RewardSettings.from_config(salvage), GateSettings.from_config(salvage),
-                               DrawSettings.from_config(salvage), float(salvage.loss.anchor_weight))
+                               DrawSettings.from_config(salvage), float(salvage.loss.anchor_weight), epochs)
 
     def __init__(self, actor, rollout, prompts: StatePrompts, settings: LearnerSettings, *, sampling,
                  buckets: Buckets, batch_size: int, pad_id: int, ref_params=None):
@@ -87,7 +94,7 @@ class SalvageDSLearner:
         s = self.settings
         return (f"{self.algorithm}: G={s.draw.group_size}, B={s.draw.groups_per_step}, budget "
                 f"{s.draw.max_draws_per_step} states, reward {self.reward_name()}, gates {s.gates.gates}, "
-                f"anchor {s.draw.anchor}")
+                f"anchor {s.draw.anchor}" + (f", {s.epochs} optimizer steps per draw" if s.epochs > 1 else ""))
 
     def reward_name(self) -> str:
         """Returns the name of the reward the samples are scored with."""
@@ -135,8 +142,12 @@ class SalvageDSLearner:
             batch[REF_LOGPROBS] = self.actor.token_logprobs(batch, params=self.ref_params)
 
     def update(self, batch: dict, metrics: dict[str, float]) -> None:
-        """Takes one optimizer step on `batch`; the sampler's state is saved with its checkpoint."""
-        self.actor.step(batch, self.sampler.get_state(), host_metrics=metrics)
+        """Takes `epochs` optimizer steps on `batch` (the draw's metrics reported with the first); the sampler's
+        state is saved with a checkpoint, which waits for the last of them: a resumed run draws a new batch."""
+        epochs = self.settings.epochs
+        for epoch in range(epochs):
+            self.actor.step(batch, self.sampler.get_state(), host_metrics=metrics if epoch == 0 else None,
+                            can_save=epoch == epochs - 1)
 
     def sync(self) -> None:
         """Refreshes the rollout model from the actor's new parameters (the step donated the old ones)."""
@@ -145,7 +156,7 @@ class SalvageDSLearner:
 
     # ---- the loop ---------------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
-        """Returns the metrics of one update: gate, build the batch, old log-probs, update, sync."""
+        """Returns the metrics of one update (one draw): gate, build the batch, old log-probs, update, sync."""
         started = time.perf_counter()
         draw = self.gate()
         drawn = time.perf_counter()

@@ -15,8 +15,9 @@ and anchor). The stage wires the config and the files; each update is the learne
 2. the batch (salvage/batches.py): policy rows of the accepted groups (exact sampled ids, their
    advantages), anchor rows of the rejected ones the anchor keeps (reference tool call only);
 3. old log-probs of the exact rows from the trainer's own forward pass (and the frozen SFT
-   policy's when config.salvage.loss.kl_beta > 0), then one optimizer step; the sampler's model
-   is refreshed from the new parameters (the step donates the old ones).
+   policy's when config.salvage.loss.kl_beta > 0), then config.salvage.epochs optimizer steps on them (1 by
+   default; from the second the importance ratio leaves 1 and the clip bounds act; a checkpoint waits for the
+   last); the sampler's model is refreshed from the new parameters (the step donates the old ones).
 
 The sampler's state (epoch, position, draws) is the checkpoint's data state: a rerun resumes the
 exact sequence of draws. Sampling metrics (groups accepted / rejected / anchored, states drawn,
@@ -73,7 +74,11 @@ def check_config(config, workdir) -> tuple:
     draw_settings = settings.draw
     loss_settings = RLLossSettings.from_config(cfg.loss)
     run_config = with_train_overrides(config, "salvage")  # config.salvage.train over config.train
-    TrainSettings.from_config(run_config.train)  # the trainer's, as Trainer builds them
+    train = TrainSettings.from_config(run_config.train)  # the trainer's, as Trainer builds them
+    if train.total_steps % settings.epochs:
+        raise UserError(f"config.salvage.train.total_steps (or config.train.optimizer.total_steps) = "
+                        f"{train.total_steps} is not a multiple of config.salvage.epochs = {settings.epochs}: the "
+                        "run would end between the optimizer steps on one drawn batch, where it cannot checkpoint")
     batch_size = int(run_config.train.batch_size)
     if batch_size < draw_settings.groups_per_step * draw_settings.group_size:
         raise UserError(f"config.salvage.train.batch_size (or config.train.batch_size) = {batch_size} cannot hold "

@@ -120,6 +120,7 @@ class Trainer:
         self._logprobs = None
         self._window: list[dict] = []
         self._clock: float | None = None
+        self._save_owed = False  # a checkpoint fell due at a step that could not save (step can_save=False)
         self.last_metrics: dict[str, float] = {}
         if self.resumed_from is not None:
             self.writer.message(f"[train] resumed from checkpoint step {self.resumed_from} in "
@@ -203,12 +204,15 @@ class Trainer:
         finally:
             self.close()
 
-    def step(self, host_batch: dict, data_state: Any = None, host_metrics: dict[str, float] | None = None) -> None:
+    def step(self, host_batch: dict, data_state: Any = None, host_metrics: dict[str, float] | None = None, *,
+             can_save: bool = True) -> None:
         """Takes one optimizer step on a contract batch; checkpoints and reports when due.
 
         data_state: the batch source's state *after* this batch (saved with a checkpoint of this step).
         host_metrics: scalars the caller measured for this step (an RL loop's sampling counts), reported
         with the step's metrics as their mean over the reporting window.
+        can_save: False where a checkpoint here could not be resumed from (an RL loop between the optimizer
+        steps on one drawn batch): a checkpoint due here is taken at the next step that can.
         """
         batch = batch_lib.prepare_batch(host_batch, self.model_config, self.settings.microbatches, rows=self.local_rows,
                                         mesh=self.mesh, rules=self.rules,
@@ -224,13 +228,15 @@ class Trainer:
                             patches=counts["patches"], images=counts["images"])  # this process's rows
         self._pending.append((step, metrics, {**counts, "flops": flops, "host": dict(host_metrics or {})}))
         self.data_state = data_state
-        due_checkpoint = self.checkpoints.due(step) or step == self.settings.total_steps
+        self._save_owed = self._save_owed or self.checkpoints.due(step) or step == self.settings.total_steps
+        due_checkpoint = can_save and self._save_owed
         due_metrics = step % self.settings.metrics_every == 0 or step == self.settings.total_steps
         self._drain(keep=0 if (due_checkpoint or due_metrics) else 1)
         if due_metrics:
             self._report(step)
         if due_checkpoint:
             self.save()
+            self._save_owed = False
 
     def save(self) -> None:
         """Saves the current state (already checked finite) as checkpoint `step_count`."""

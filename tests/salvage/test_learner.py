@@ -62,7 +62,7 @@ class StandInActor:
     def token_logprobs(self, batch, params=None):
         return np.zeros(batch["input_ids"].shape, np.float32)
 
-    def step(self, batch, data_state, host_metrics):
+    def step(self, batch, data_state, host_metrics, *, can_save=True):
         self.steps.append((batch, data_state, host_metrics))
         self.step_count += 1
 

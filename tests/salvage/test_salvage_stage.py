@@ -149,6 +149,35 @@ def test_the_kl_to_the_sft_policy_runs_end_to_end(tmp_path):
     assert metrics[2]["kl"] > 1e-5 and metrics[3]["kl"] > metrics[2]["kl"], {s: m["kl"] for s, m in metrics.items()}
 
 
+@pytest.mark.slow
+def test_several_optimizer_steps_per_draw_move_the_ratio_and_checkpoint_between_draws(tmp_path):
+    """config.salvage.epochs = 2: each drawn batch takes two optimizer steps. The first runs on the policy the old
+    log-probs came from (ratio 1); the second on the stepped one (weight decay moved it: the ratio leaves 1). The
+    draw's counts are reported with the first step; a checkpoint due between the two waits for the second, so a
+    resumed run starts at a draw. Gates off: every group is a policy group (rewards all -1, advantages 0)."""
+    write_states(tmp_path)
+    config = _config()
+    config.salvage.gates = "none"
+    config.salvage.epochs = 2
+    config.salvage.train.total_steps = 4
+    config.train.optimizer.weight_decay = 10.0  # x lr 3e-3: the weights shrink 3% a step
+    config.salvage.train.warmup_steps = 0
+    run_stages(config, tmp_path)
+    metrics = read_metrics(tmp_path / "salvage" / "metrics.jsonl")
+    assert sorted(metrics) == [1, 2, 3, 4]
+    for step in (1, 3):  # a draw's first step: the old log-probs' own policy
+        m = metrics[step]
+        assert m["groups_accepted"] == 1 and m["rows_policy_rows"] == 2, m
+        assert m["ratio_min"] == pytest.approx(1.0, abs=1e-5) and m["ratio_max"] == pytest.approx(1.0, abs=1e-5), m
+    for step in (2, 4):  # the second step on the same rows: no draw reported, the ratio away from 1
+        m = metrics[step]
+        assert "groups_accepted" not in m and "draw_s" not in m, m
+        assert max(m["ratio_max"] - 1.0, 1.0 - m["ratio_min"]) > 1e-4, m
+    assert _checkpoints(tmp_path / "salvage") == [2, 4]  # every_steps = 1, but only at the end of a draw
+    summary = json.loads((tmp_path / "salvage" / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["this_run"]["states_drawn"] == 2, summary
+
+
 def _checkpoints(run_dir):
     """Returns the finished checkpoint steps (Orbax renames a step's folder to its number when complete)."""
     directory = run_dir / "checkpoints"

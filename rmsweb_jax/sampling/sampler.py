@@ -136,10 +136,11 @@ class Sampler:
         all P*G rows decode in one loop, attending to the prompt's one KV cache and their own (group_decode
         "cascade"; "copy" repeats the prompt's cache to the G rows). The result equals `generate` on the list
         with each prompt repeated G times in a row (its images repeated per copy) and the same seed: the
-        random keys are split exactly as there (one key per step, folded with each row's place: row_keys; the first
-        token drawn from the prefill's last logits) and every array from the last hidden state on has the
-        repeated list's shape (until rows finish: model.decode_compaction then drops finished rows, in both). Tokens agree; log-probs agree to about one float32 ulp (measured <= 2e-6):
-        the prefill's GEMMs on P rows sum in another order than on P*G rows. One program compiles per
+        random keys are split exactly as there (one key per step, folded with each row's place: row_keys; the
+        first token drawn from the prefill's last logits) and every array from the last hidden state on has the
+        repeated list's shape (until rows finish: model.decode_compaction then drops finished rows, in both).
+        Tokens agree; log-probs agree to about one float32 ulp (measured <= 2e-6): the prefill's GEMMs on P rows
+        sum in another order than on P*G rows. One program compiles per
         (P, G, prompt bucket, max_new_tokens, patch bucket).
         """
         return SampleOutput(*(_host(x) for x in _generate(

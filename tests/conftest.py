@@ -1,5 +1,6 @@
 """Test-wide setup: 8 host CPU devices for mesh tests, fp32 matmuls, the benchmark task files
 (real ones from $RMSWEB_BENCHMARKS, or small fixture records the tests write)."""
+import gc
 import os
 import pathlib
 import signal
@@ -32,6 +33,20 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # children start with the default disposition.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compiled_programs_freed_after_each_file():
+    """Frees the XLA programs a test file compiled once it ends (jax.clear_caches). XLA:CPU maps every compiled
+    kernel into the process (3 memory maps each), and a process may hold at most vm.max_map_count (65,530) maps: a
+    pytest-xdist worker that runs hundreds of files would cross it and crash in a later mmap (a segfault seen twice
+    at ~89% of `make test`, the worker at ~30,000 maps and rising). A program another file compiles again comes
+    from the run's compilation cache above."""
+    yield
+    jax.clear_caches()
+    gc.collect()
+
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The real task files (../shared/benchmarks in the project's own checkouts and CI; a folder made

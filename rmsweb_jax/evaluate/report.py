@@ -135,8 +135,10 @@ def policy_figures(store_dir: str | os.PathLike, pairs: set[tuple[str, int]] | N
                            seed=seed)
 
 
-def _compare(a: Mapping[tuple[str, int], TrajectoryRecord], b: Mapping[tuple[str, int], TrajectoryRecord], *,
-             bootstrap_samples: int, seed: int) -> dict[str, Any]:
+def compare_episodes(a: Mapping[tuple[str, int], TrajectoryRecord], b: Mapping[tuple[str, int], TrajectoryRecord], *,
+                     bootstrap_samples: int, seed: int) -> dict[str, Any]:
+    """Returns `compare`'s figures for two policies' episodes keyed by (stratum, seed): the pairs both played,
+    the bootstrap resampled within each stratum (a task; "run/task" when pooling runs)."""
     keys = sorted(set(a) & set(b))
     out: dict[str, Any] = {"n": len(keys), "tasks": len({task for task, _ in keys})}
     if not keys:
@@ -164,7 +166,7 @@ def compare(store_a: str | os.PathLike, store_b: str | os.PathLike, pairs: set[t
     success_a, success_b, difference (a - b), ci95 (paired bootstrap within tasks), mcnemar
     (b: only a solved, c: only b solved, exact p), steps_both_solved (n_both, mean_a, mean_b,
     mean_difference) on the pairs both solved. Figures are None when no pair was played by both."""
-    return _compare(read_episodes(store_a, pairs), read_episodes(store_b, pairs),
+    return compare_episodes(read_episodes(store_a, pairs), read_episodes(store_b, pairs),
                     bootstrap_samples=bootstrap_samples, seed=seed)
 
 
@@ -191,8 +193,9 @@ def build_report(policies: Sequence[Mapping[str, Any]], pairs: set[tuple[str, in
         "success_rule": SOLVED, "success_meaning": SUCCESS_MEANING, "pairs": None if pairs is None else len(pairs),
         "bootstrap": {"samples": bootstrap_samples, "seed": seed, "level": LEVEL},
         "policies": rows,
-        "comparisons": [{"a": a, "b": b, **_compare(episodes[a], episodes[b], bootstrap_samples=bootstrap_samples,
-                                                      seed=seed)} for a, b in comparisons],
+        "comparisons": [{"a": a, "b": b, **compare_episodes(episodes[a], episodes[b],
+                                                             bootstrap_samples=bootstrap_samples, seed=seed)}
+                        for a, b in comparisons],
     }
 
 

@@ -60,7 +60,7 @@ class LearnerSettings:
     gates: GateSettings
     draw: DrawSettings
     anchor_weight: float
-    epochs: int = 1  # optimizer steps on each drawn batch (config.salvage.epochs)
+    epochs: int  # optimizer steps on each drawn batch (config.salvage.epochs)
 
 
 class SalvageDSLearner:
@@ -72,7 +72,7 @@ class SalvageDSLearner:
     @classmethod
     def settings_from_config(cls, salvage) -> LearnerSettings:
         """Returns the settings of the config.salvage block (checked: a bad value fails before a model loads)."""
-        epochs = salvage.get("epochs", 1)
+        epochs = salvage.epochs
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise UserError(f"config.salvage.epochs = {epochs!r}: expected an int >= 1 (optimizer steps on each drawn "
                             "batch)")

@@ -213,7 +213,8 @@ def policy_rows(policies: list[dict], pairs: set[tuple[str, int]] | None, *, boo
                          "n": c["n"], "difference": c["difference"], "ci95": c["ci95"],
                          "mcnemar_p": c["mcnemar"]["p"], "only_row_solved": c["mcnemar"]["b"],
                          "only_baseline_solved": c["mcnemar"]["c"]}})
-    return {"pairs": None if pairs is None else len(pairs), "baseline": BASELINE, "all_solved_pairs": len(all_solved),
+    return {"pairs": None if pairs is None else len(pairs),
+            "pair_list": None if pairs is None else [list(pair) for pair in sorted(pairs)], "baseline": BASELINE, "all_solved_pairs": len(all_solved),
             "bootstrap": report["bootstrap"], "rows": rows}
 
 

@@ -85,15 +85,16 @@ T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 RMSWEB = "rmsweb"
 
 
-def _outcomes(table: dict, key: str, workdir) -> dict[tuple[str, int], bool]:
-    """Returns {(task, seed): solved} of a policy row's eval store (first attempts, as the table counted them)."""
+def _episodes(table: dict, key: str, workdir) -> dict:
+    """Returns {(task, seed): first-attempt episode} of a policy row's eval store, on the held-out pairs the table
+    counted (all the store's pairs for a table written before it listed them)."""
     from rmsweb_jax.evaluate.report import read_episodes  # deferred, as read_tables
     row = next(r for r in table["policies"]["rows"] if r["key"] == key)
     store = row["store_dir"]
     if not storage.as_path(store).is_dir():
         raise UserError(f"{store} is missing: the eval store of row {row['row']!r} of {workdir} (the pooled "
                         "differences read every row's episodes)")
-    return {k: bool(t.success) for k, t in read_episodes(store, None).items()}
+    return read_episodes(store, table["policies"].get("pair_list"))
 
 
 def pooled(workdirs, tables: list[dict], *, samples: int = 10_000, seed: int = 0) -> list[dict]:
@@ -101,7 +102,7 @@ def pooled(workdirs, tables: list[dict], *, samples: int = 10_000, seed: int = 0
     against RMSWeb, pooled over the runs (see the module): row, against, n pairs, difference, ci95 (paired
     bootstrap within (run, task)), mcnemar (b: only the row solved, c: only the other, p), per-run differences,
     runs_ci95 (t over the runs' differences; None for one run), runs_ahead."""
-    from rmsweb_jax.evaluate.stats import mcnemar_exact, paired_bootstrap_interval
+    from rmsweb_jax.evaluate.report import compare_episodes
     from rmsweb_jax.stages.table import ABLATIONS, ALL_STATES, BASELINE
     ablations = {name for name, *_ in ABLATIONS} | {ALL_STATES[0]}
     keys = [r["key"] for r in tables[0]["policies"]["rows"]]
@@ -111,33 +112,31 @@ def pooled(workdirs, tables: list[dict], *, samples: int = 10_000, seed: int = 0
     comparisons += [(k, RMSWEB) for k in keys if k in ablations and RMSWEB in keys]
     cache: dict = {}
 
-    def outcomes(run: int, key: str):
+    def episodes(run: int, key: str) -> dict:
+        """{("run/task", seed): episode}: each run's tasks are strata of their own."""
         if (run, key) not in cache:
-            cache[run, key] = _outcomes(tables[run], key, workdirs[run])
+            cache[run, key] = {(f"{run}/{task}", s): t
+                               for (task, s), t in _episodes(tables[run], key, workdirs[run]).items()}
         return cache[run, key]
 
     out = []
     for key, other in comparisons:
-        a, b, strata, per_run = [], [], [], []
+        mine, theirs, per_run = {}, {}, []
         for run in range(len(tables)):
-            mine, theirs = outcomes(run, key), outcomes(run, other)
-            pairs = sorted(set(mine) & set(theirs))
-            if not pairs:
+            run_mine, run_theirs = episodes(run, key), episodes(run, other)
+            shared = set(run_mine) & set(run_theirs)
+            if not shared:
                 raise UserError(f"{workdirs[run]}: rows {key!r} and {other!r} share no held-out pair")
-            a += [float(mine[p]) for p in pairs]
-            b += [float(theirs[p]) for p in pairs]
-            strata += [f"{run}/{task}" for task, _ in pairs]
-            per_run.append(sum(mine[p] - theirs[p] for p in pairs) / len(pairs))
-        only_a = sum(x > y for x, y in zip(a, b))
-        only_b = sum(y > x for x, y in zip(a, b))
+            per_run.append(sum(run_mine[p].success - run_theirs[p].success for p in shared) / len(shared))
+            mine.update(run_mine)
+            theirs.update(run_theirs)
+        c = compare_episodes(mine, theirs, bootstrap_samples=samples, seed=seed)
         runs_ci = None
         if len(per_run) > 1:
             half = T975[min(len(per_run), len(T975) + 1) - 2] * statistics.stdev(per_run) / math.sqrt(len(per_run))
             runs_ci = [statistics.fmean(per_run) - half, statistics.fmean(per_run) + half]
-        out.append({"row": names[key], "key": key, "against": names[other], "n": len(a),
-                    "difference": (sum(a) - sum(b)) / len(a),
-                    "ci95": list(paired_bootstrap_interval(a, b, strata, samples=samples, seed=seed)),
-                    "mcnemar": {"b": only_a, "c": only_b, "p": mcnemar_exact(only_a, only_b)},
+        out.append({"row": names[key], "key": key, "against": names[other], "n": c["n"],
+                    "difference": c["difference"], "ci95": c["ci95"], "mcnemar": c["mcnemar"],
                     "per_run": per_run, "runs_ci95": runs_ci, "runs_ahead": sum(d > 0 for d in per_run)})
     return out
 

@@ -41,6 +41,7 @@ def test_the_policy_rows_compare_each_row_with_the_reflection_sft_on_the_same_pa
     got = table.policy_rows(policies, PAIRS, bootstrap_samples=2000, seed=3)
     rows = {r["key"]: r for r in got["rows"]}
     assert [r["key"] for r in got["rows"]] == ["sft_first", "sft", "rmsweb"] and got["pairs"] == 20
+    assert got["pair_list"] == [list(p) for p in sorted(PAIRS)]  # table_spread pools on these
     assert got["all_solved_pairs"] == 4  # (t*, 0) and nothing else is solved by all three
     for key, solved, steps in (("sft_first", first, 3), ("sft", base, 2), ("rmsweb", PAIRS, 4)):
         r = rows[key]

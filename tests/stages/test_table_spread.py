@@ -1,5 +1,6 @@
 """table_spread: the table's figures over several runs, each recomputed here from the runs' demo_table.json."""
 import json
+import pathlib
 import statistics
 
 import numpy as np
@@ -124,3 +125,22 @@ def test_a_missing_eval_store_is_named(tmp_path):
     shutil.rmtree(missing)
     with pytest.raises(UserError, match=rf"{missing} is missing: the eval store of row"):
         table_spread.pooled(dirs, table_spread.read_tables(dirs))
+
+
+def test_pooled_counts_only_the_held_out_pairs_the_table_counted(tmp_path):
+    """A store may hold more episodes than the table's held-out pairs (e.g. an eval rerun with more seeds into the
+    same store): the pooled differences count the table's pair list only, as the table itself did."""
+    dirs = [_run_with_stores(tmp_path / f"s{i}", o) for i, o in enumerate(OUTCOMES)]
+    counted = TASKS[:3] + TASKS[6:9]
+    for d in dirs:
+        path = pathlib.Path(d) / "demo_table.json"
+        t = json.loads(path.read_text())
+        t["policies"]["pair_list"] = [list(p) for p in counted]
+        path.write_text(json.dumps(t))
+    got = {(r["key"], r["against"]): r for r in table_spread.pooled(dirs, table_spread.read_tables(dirs), samples=500)}
+    kept = [TASKS.index(p) for p in counted]
+    r = got[("rmsweb", table.ROWS["sft"])]
+    per_run = [np.subtract(o["rmsweb"], o["sft"])[kept] for o in OUTCOMES]
+    assert r["n"] == 12
+    assert r["difference"] == pytest.approx(np.concatenate(per_run).mean())
+    assert r["per_run"] == pytest.approx([d.mean() for d in per_run])

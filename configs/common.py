@@ -214,6 +214,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.ground = ml_collections.ConfigDict()
     c.ground.kinds = "click,type"         # rows per element: click (every uniquely named listed element) | type
                                           # (text inputs: type a word at its centre)
+    c.ground.targets_per_row = 1          # targets of one page in one training row: the first in the agent's prompt,
+                                          # each further one a short follow-up turn, so the page's element list is
+                                          # read once for all of them (data/grounding.py GroundingExamples)
+    c.ground.probe_rows = 160             # after training: greedy accuracy on this many grounding rows of held-out
+                                          # pages (data.held_out_fraction's task groups; 0 = no probe)
+    c.ground.probe_batch_size = 16        # prompts per greedy generate call
+    c.ground.probe_max_new_tokens = 128
     c.ground.train = ml_collections.ConfigDict()  # None keeps config.train's value (as salvage.train)
     c.ground.train.batch_size = placeholder(int)
     c.ground.train.total_steps = placeholder(int)
@@ -225,6 +232,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft = ml_collections.ConfigDict()
     c.sft.init = "model"                  # model = config.model.init | ground = the ground stage's export
                                           # (hf:<workdir>/ground/hf) | hf:/path
+    c.sft.grounding_mix = 0.0             # grounding examples (the ground stage's rows, config.ground's kinds and
+                                          # targets a row) mixed into SFT per training step; 0 = none
 
     # Stage "mine": the SFT policy's critical states on the sft training split (rmsweb_jax/mining/).
     c.mine = ml_collections.ConfigDict()

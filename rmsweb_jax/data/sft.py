@@ -164,11 +164,11 @@ def encode_example(tokenizer, builder: PromptBuilder, image_config: ImageProcess
 
 
 def encode_turn(tokenizer, messages: list[dict[str, Any]], target_text: str, image_config: ImageProcessorConfig,
-                mask: str, *, name: str) -> dict[str, Any]:
-    """Returns the encoded row (see data/batching.py) of chat `messages` + the assistant turn `target_text`, with
-    its loss mask; a ValueError names the row `name`."""
+                mask: str, *, name: str, more_turns: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """Returns the encoded row (see data/batching.py) of chat `messages` + the assistant turn `target_text` (+ the
+    (user text, target) turns of `more_turns`), with its loss mask; a ValueError names the row `name`."""
     try:
-        enc = encode_for_training(tokenizer, messages, target_text, image_config, mask=mask)
+        enc = encode_for_training(tokenizer, messages, target_text, image_config, mask=mask, more_turns=more_turns)
     except ValueError as err:
         raise ValueError(f"SFT example {name}: {err}") from err
     patch_dim = image_config.patch_dim

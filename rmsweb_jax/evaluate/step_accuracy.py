@@ -1,7 +1,8 @@
 """Greedy per-step action accuracy: a policy's turn for a stored step's prompt, scored against the stored action.
 
 The action_accuracy stage (a policy on the held-out task groups) and the transfer stage (SFT and RMSWeb on the
-same held-out steps) both score with these. An offline proxy: closed-loop success is the eval stage's."""
+same held-out steps) both score with these; the ground stage scores grounding rows of held-out pages with
+`grounding_accuracy`. An offline proxy: closed-loop success is the eval stage's."""
 from __future__ import annotations
 
 import collections
@@ -11,6 +12,7 @@ from tqdm import tqdm
 
 from rmsweb_jax.agents.policy import PolicyOutput
 from rmsweb_jax.collect.sft_view import SFTExample
+from rmsweb_jax.data.grounding import GroundingRow
 from rmsweb_jax.data.sft import example_name
 from rmsweb_jax.sampling.sampler import SamplingParams
 from rmsweb_jax.web.semantics import same_action
@@ -76,3 +78,26 @@ def summarize(records: Sequence[dict]) -> dict:
     return {"steps": n, "correct": correct, "accuracy": correct / n if n else 0.0,
             "parse_rate": sum(r["predicted"] is not None for r in records) / n if n else 0.0,
             "by_action": {k: {"steps": len(v), "accuracy": sum(v) / len(v)} for k, v in sorted(by_name.items())}}
+
+
+def grounding_accuracy(chat_model, builder, rows: Sequence[GroundingRow], *, max_new_tokens: int,
+                       batch_size: int) -> dict:
+    """Returns the model's greedy accuracy on grounding rows (its turn for the row's prompt does the row's action on
+    the row's page, `same_action`): rows, correct, accuracy, parse_rate, by_task {task: [correct, rows]}."""
+    params = SamplingParams(max_new_tokens=int(max_new_tokens), temperature=0.0)
+    correct, parsed, by_task = 0, 0, collections.defaultdict(lambda: [0, 0])
+    for lo in range(0, len(rows), batch_size):
+        chunk = rows[lo:lo + batch_size]
+        completions = chat_model.complete([builder.messages(r.context()) for r in chunk], params)
+        for row, completion in zip(chunk, completions):
+            output = PolicyOutput.from_text(completion.text, row.observation)
+            try:
+                hit = output.action is not None and bool(same_action(output.action, row.action, row.observation))
+            except ValueError:  # a pointer action whose point resolves to nothing comparable: a miss, as score()
+                hit = False
+            correct, parsed = correct + hit, parsed + (output.action is not None)
+            by_task[row.task_id][0] += hit
+            by_task[row.task_id][1] += 1
+    n = len(rows)
+    return {"rows": n, "correct": correct, "accuracy": correct / n if n else 0.0,
+            "parse_rate": parsed / n if n else 0.0, "by_task": {k: v for k, v in sorted(by_task.items())}}

@@ -185,64 +185,77 @@ def encode_chat(tokenizer, messages: Sequence[Mapping[str, Any]], image_config: 
 
 def encode_for_training(tokenizer, messages: Sequence[Mapping[str, Any]], target_text: str,
                         image_config: ImageProcessorConfig | None = None, *,
-                        mask: str = "thought_and_action") -> EncodedChat:
+                        mask: str = "thought_and_action", more_turns: Sequence[tuple[str, str]] = ()) -> EncodedChat:
     """Returns prompt + assistant `target_text` tokenized as the template renders it, with a loss mask.
 
     `input_ids` are exactly the tokens of the template's rendering of messages + the assistant turn;
     the first `prompt_length` of them equal `encode_chat(messages).input_ids`. `loss_mask` is 1 on
     the target's tokens and the closing `<|im_end|>` ("thought_and_action"), or only on the
     `<tool_call>...</tool_call>` tokens and `<|im_end|>` ("action_only"); 0 elsewhere.
+
+    `more_turns`: (user text, assistant target) pairs that follow, each target masked as the first (several
+    questions about one prompt in one row: the prompt is read once for all of them). Images stay in `messages`.
     """
     if mask not in MASK_MODES:
         raise ValueError(f"mask={mask!r}; expected one of {list(MASK_MODES)}")
-    if not isinstance(target_text, str) or not target_text.strip():
-        raise ValueError(f"target_text must be a non-empty string, got {target_text!r}")
-    if END_OF_TURN in target_text:
-        raise ValueError(f"target_text contains {END_OF_TURN!r}; the template closes the turn itself")
     if messages and messages[-1].get("role") == "assistant":
         raise ValueError("messages end with an assistant turn; pass the prompt only and the assistant text "
                          "as target_text")
     image_config = image_config or ImageProcessorConfig()
-    prompt_text, images = render_chat(tokenizer, messages, add_generation_prompt=True)
-    full_text, _ = render_chat(tokenizer, [*messages, {"role": "assistant", "content": target_text}],
-                               add_generation_prompt=False)
-    expected_turn = target_text + END_OF_TURN
-    if not full_text.startswith(prompt_text) or not full_text[len(prompt_text):].startswith(expected_turn):
-        raise ValueError("the chat template does not render the assistant turn as generation prompt + target + "
-                         f"{END_OF_TURN}; got the turn {full_text[len(prompt_text) - 20:][:120]!r}")
+    conversation, targets, starts, first_images = list(messages), [], [], None
+    for k, (user_text, target) in enumerate([(None, target_text), *more_turns]):
+        if not isinstance(target, str) or not target.strip():
+            raise ValueError(f"target_text must be a non-empty string, got {target!r}" if not k else
+                             f"more_turns[{k - 1}]: the target must be a non-empty string, got {target!r}")
+        if END_OF_TURN in target:
+            raise ValueError(f"target_text contains {END_OF_TURN!r}; the template closes the turn itself")
+        if user_text is not None:
+            conversation.append({"role": "user", "content": user_text})
+        prompt_text, images = render_chat(tokenizer, conversation, add_generation_prompt=True)
+        first_images = len(images) if first_images is None else first_images
+        conversation.append({"role": "assistant", "content": target})
+        targets.append(target)
+        starts.append(prompt_text)
+    full_text, _ = render_chat(tokenizer, conversation, add_generation_prompt=False)
+    for prompt_text, target in zip(starts, targets):
+        if not full_text.startswith(prompt_text) or not full_text[len(prompt_text):].startswith(target + END_OF_TURN):
+            raise ValueError("the chat template does not render the assistant turn as generation prompt + target + "
+                             f"{END_OF_TURN}; got the turn {full_text[len(prompt_text) - 20:][:120]!r}")
+    if first_images != len(images):
+        raise ValueError("more_turns hold images; images are accepted in the first prompt only")
     ids, types, pixels, grid = _encode_text(tokenizer, full_text, images, image_config)
-    prompt_ids = encode_multimodal(tokenizer, prompt_text, grid, merge_size=image_config.merge_size)[0]
-    n = len(prompt_ids)
-    if len(ids) <= n or not np.array_equal(ids[:n], prompt_ids):
-        raise ValueError(f"target_text {target_text[:60]!r} merges with the end of the prompt when tokenized; "
-                         "training and sampling would see different prefixes")
-
-    # Character offsets of the unexpanded tokens locate the target's span; image expansion only
-    # happens inside the prompt, so the tokens after it keep their index shift.
+    # Character offsets of the unexpanded tokens locate the targets' spans; image expansion only
+    # happens inside the first prompt, so the tokens after it keep their index shift.
     encoding = tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
     offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     shift = len(ids) - len(offsets)
-    start = len(prompt_text)
-    if mask == "thought_and_action":
-        lo, hi = start, start + len(target_text)
-    else:
-        open_at = target_text.find(TOOL_OPEN)
-        close_at = target_text.find(TOOL_CLOSE, open_at + 1)
-        if open_at < 0 or close_at < 0:
-            raise ValueError(f"mask='action_only' needs a {TOOL_OPEN}...{TOOL_CLOSE} span in target_text, "
-                             f"got {target_text[:120]!r}")
-        lo, hi = start + open_at, start + close_at + len(TOOL_CLOSE)
-    end_at = start + len(target_text)  # where <|im_end|> starts
     loss_mask = np.zeros(len(ids), np.int32)
-    for k, (a, b) in enumerate(offsets):
-        if a < start:
-            continue
-        if (a < hi and b > lo) or a == end_at:
-            loss_mask[k + shift] = 1
     end_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
-    end_index = n + int(np.argmax(ids[n:] == end_id))
-    if ids[end_index] != end_id or loss_mask[end_index] != 1:
-        raise ValueError(f"could not locate the closing {END_OF_TURN} of the assistant turn in the tokenized text")
+    n = 0
+    for prompt_text, target in zip(starts, targets):
+        prompt_ids = encode_multimodal(tokenizer, prompt_text, grid, merge_size=image_config.merge_size)[0]
+        at = len(prompt_ids)
+        n = n or at
+        if len(ids) <= at or not np.array_equal(ids[:at], prompt_ids):
+            raise ValueError(f"target_text {target[:60]!r} merges with the end of the prompt when tokenized; "
+                             "training and sampling would see different prefixes")
+        start = len(prompt_text)
+        if mask == "thought_and_action":
+            lo, hi = start, start + len(target)
+        else:
+            open_at = target.find(TOOL_OPEN)
+            close_at = target.find(TOOL_CLOSE, open_at + 1)
+            if open_at < 0 or close_at < 0:
+                raise ValueError(f"mask='action_only' needs a {TOOL_OPEN}...{TOOL_CLOSE} span in target_text, "
+                                 f"got {target[:120]!r}")
+            lo, hi = start + open_at, start + close_at + len(TOOL_CLOSE)
+        end_at = start + len(target)  # where <|im_end|> starts
+        for j, (a, b) in enumerate(offsets):
+            if start <= a <= end_at and ((a < hi and b > lo) or a == end_at):
+                loss_mask[j + shift] = 1
+        end_index = at + int(np.argmax(ids[at:] == end_id))
+        if ids[end_index] != end_id or loss_mask[end_index] != 1:
+            raise ValueError(f"could not locate the closing {END_OF_TURN} of the assistant turn in the tokenized text")
     return EncodedChat(ids, types, pixels, grid, loss_mask, n)
 
 

@@ -6,9 +6,10 @@ Reads the trajectory store (config.data.store_dir, default <workdir>/store), hol
 config.data.held_out_fraction of the task groups (the `action_accuracy` stage evaluates them),
 and trains the model config.sft.init names (config.model.init: hf:/path or random:tiny; "ground": the
 ground stage's export, <workdir>/ground/hf) with the shared Trainer on the Grain pipeline of
-rmsweb_jax/data/sft.py. Rerunning the same command resumes from the last checkpoint, data
-iterator included. Outputs: <workdir>/sft/{checkpoints/, tensorboard/, metrics.jsonl, hf/,
-split.json, summary.json}.
+rmsweb_jax/data/sft.py. config.sft.grounding_mix > 0 mixes that many of the ground stage's rows (of the same
+training split's pages) in per training step, so that a grounded model keeps the skill (data/grounding.py
+StepsWithGrounding). Rerunning the same command resumes from the last checkpoint, data iterator included.
+Outputs: <workdir>/sft/{checkpoints/, tensorboard/, metrics.jsonl, hf/, split.json, summary.json}.
 """
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ import json
 import pathlib
 
 import jax
+import numpy as np
 
 from rmsweb_jax import storage
 from rmsweb_jax.agents.prompt import prompt_config_from
+from rmsweb_jax.data.grounding import (EncodeStepOrGrounding, GroundingExamples, GroundingRows, StepsWithGrounding,
+                                       parse_kinds, parse_targets_per_row)
 from rmsweb_jax.data.sft import EncodeSFTExample, SFTBatches, SFTDataConfig
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.stages import links
@@ -33,7 +37,9 @@ from rmsweb_jax.train.tokenizer import check_tokenizer
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # The store is collect's unless data.store_dir names another (then that path is the dependency, not collect).
 # With sft.init = "ground" it starts from the ground stage's export (then an input stage too).
-CONFIG_READS = ("sft", "data", "train", "model", "mesh", "sharding_rules", "prompt", "seed")
+# With sft.grounding_mix > 0 it mixes in the ground stage's rows (config.ground's kinds and targets a row).
+CONFIG_READS = ("sft", "data", "train", "model", "mesh", "sharding_rules", "prompt", "seed", "ground.kinds",
+                "ground.targets_per_row")
 INPUT_STAGES = {"collect": "data.store_dir", "ground": "sft.init"}
 OUTPUTS = {"sft/summary.json": None, "sft/split.json": None, "sft/hf": None}
 FRESH_START = ("sft",)  # a rerun for a change starts afresh (manifest.py)
@@ -50,6 +56,18 @@ def check_config(config, workdir) -> None:
     SFTDataConfig.from_config(config.get("data"), workdir)
     prompt_config_from(config)
     init_spec(config, workdir)
+    if grounding_mix(config):
+        parse_kinds(config.ground.kinds)
+        parse_targets_per_row(config.ground.targets_per_row)
+
+
+def grounding_mix(config) -> float:
+    """Returns config.sft.grounding_mix checked: grounding examples mixed in per SFT training step (0: none)."""
+    mix = config.sft.grounding_mix
+    if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0 <= mix <= 100:
+        raise UserError(f"config.sft.grounding_mix = {mix!r}: expected a number in [0, 100] (grounding examples "
+                        "mixed in per SFT training step; 0 = none)")
+    return float(mix)
 
 
 def init_spec(config, workdir) -> str:
@@ -96,12 +114,24 @@ def run(config, workdir: pathlib.Path) -> dict:
         f"[sft] {view!r}: {len(split.train)} training steps, {len(split.held_out)} held out "
         f"({len(split.held_out_keys)} task groups); {data.batching} batches of {trainer.settings.batch_size} rows, "
         f"loss mask {data.mask}, {data.worker_count} Grain workers")
-    encoder = EncodeSFTExample(trainer.init_dir, image_config, prompt_config_from(config), mask=data.mask)
-    with SFTBatches(view, split.train, data, encoder, rows=trainer.local_rows, pad_id=pad_id,
+    prompt = prompt_config_from(config)
+    source, indices, mixed, mix = view, split.train, 0, grounding_mix(config)
+    if mix:
+        rows = GroundingRows(view, split.train, prompt, parse_kinds(config.ground.kinds))
+        examples = GroundingExamples(rows, config.ground.targets_per_row)
+        mixed = round(mix * len(split.train))
+        source = StepsWithGrounding(view, split.train, examples, mixed, seed=int(config.seed))
+        indices = np.arange(len(source))
+        trainer.writer.message(f"[sft] {source!r}: grounding_mix {mix} ({examples!r})")
+        encoder = EncodeStepOrGrounding(trainer.init_dir, image_config, prompt, mask=data.mask)
+    else:
+        encoder = EncodeSFTExample(trainer.init_dir, image_config, prompt, mask=data.mask)
+    with SFTBatches(source, indices, data, encoder, rows=trainer.local_rows, pad_id=pad_id,
                     process_index=jax.process_index(), process_count=jax.process_count()) as batches:
         result = trainer.fit(batches)
     losses = loss_summary(result.run_dir / "metrics.jsonl")  # the first and last logged windows' means
     summary = {"steps": result.step, "resumed_from": result.resumed_from, "train_examples": len(split.train),
+               "grounding_examples_mixed": mixed,
                "held_out_examples": len(split.held_out), "first_loss": losses["first_loss"],
                "first_loss_steps": losses["first_steps"], "last_loss": losses["last_loss"],
                "last_loss_steps": losses["last_steps"], "loss_windows": losses["windows"],

@@ -173,6 +173,41 @@ def test_training_on_a_multi_turn_conversation(hf_tokenizer):
     assert hf_tokenizer.decode(train.input_ids[train.loss_mask == 1]) == TARGET + "<|im_end|>"
 
 
+@pytest.mark.parametrize("mask", ["thought_and_action", "action_only"])
+def test_more_turns_train_every_target_of_the_conversation(hf_tokenizer, mask):
+    """Several (question, answer) turns after one prompt: the ids are the template's rendering of the whole
+    conversation, the sampling prefix is the first prompt's, and each target (or its tool call) + <|im_end|> is
+    learned, its own span, nothing else (neither the follow-up questions nor the template's turn markers)."""
+    messages = _messages(images=((96, 64),))
+    second = 'And the other one.\n<tool_call>\n{"name": "computer_use", "arguments": {"action": "left_click", ' \
+        '"coordinate": [7, 8]}}\n</tool_call>'
+    turns = [("Task: click the other button.", second), ("Task: once more.", TARGET)]
+    train = encode_for_training(hf_tokenizer, messages, TARGET, SMALL, mask=mask, more_turns=turns)
+    prompt = encode_chat(hf_tokenizer, messages, SMALL)
+    assert train.prompt_length == len(prompt.input_ids)
+    np.testing.assert_array_equal(train.input_ids[:train.prompt_length], prompt.input_ids)
+    np.testing.assert_array_equal(train.pixel_values, prompt.pixel_values)
+
+    conversation = _hf_form(messages) + [{"role": "assistant", "content": TARGET}]
+    for question, answer in turns:
+        conversation += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    full = hf_tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=False)
+    ids, types = encode_multimodal(hf_tokenizer, full, prompt.image_grid_thw)
+    np.testing.assert_array_equal(train.input_ids, ids)
+    np.testing.assert_array_equal(train.token_types, types)
+
+    masked = np.flatnonzero(train.loss_mask)
+    spans = np.split(masked, np.flatnonzero(np.diff(masked) > 1) + 1)
+    cut = (lambda t: t) if mask == "thought_and_action" else (lambda t: t[t.index("<tool_call>"):])
+    assert [hf_tokenizer.decode(train.input_ids[s]) for s in spans] == \
+        [cut(t) + "<|im_end|>" for t in (TARGET, second, TARGET)]
+
+
+def test_more_turns_refuse_a_bad_target_naming_the_turn(hf_tokenizer):
+    with pytest.raises(ValueError, match=r"more_turns\[1\]: the target must be a non-empty string"):
+        encode_for_training(hf_tokenizer, _messages(), TARGET, SMALL, more_turns=[("q", TARGET), ("q2", " ")])
+
+
 @pytest.mark.parametrize("target, kw, match", [
     ("I think so.", {"mask": "action_only"}, "needs a <tool_call>...</tool_call> span"),
     (TARGET, {"mask": "everything"}, "mask='everything'"),

@@ -62,6 +62,11 @@ def test_ground_then_sft_from_its_checkpoint(tmp_path):
     assert trained == {SFTView(store).task_key(i) for i in split.train}
     ground_hf = tmp_path / "ground" / "hf"
     assert (ground_hf / "config.json").is_file()
+    # The probe: greedy grounding on rows of the held-out groups' pages only (a random:tiny model gets ~none right).
+    probe = summary["held_out_probe"]
+    held_out_tasks = {task for task, _ in split.held_out_keys}
+    assert probe["rows"] > 0 and 0 <= probe["correct"] <= probe["rows"] and set(probe["by_task"]) <= held_out_tasks
+    assert sum(n for _, n in probe["by_task"].values()) == probe["rows"]
 
     # sft starts from the grounded export: its step-0 weights are ground's last ones, not a fresh random:tiny.
     config.stages = ("ground", "sft")
@@ -83,6 +88,45 @@ def test_ground_then_sft_from_its_checkpoint(tmp_path):
     config.ground.kinds = "click"
     records = run_stages(config, tmp_path)
     assert [r["ran"] for r in records] == [True, True]
+    one = json.loads((tmp_path / "ground" / "summary.json").read_text())
+    assert one["targets_per_row"] == 1 and one["examples"] == one["rows"]
+
+    # Several targets a row: the same rows in fewer, longer examples.
+    config.ground.targets_per_row = 3
+    config.stages = ("ground",)
+    assert [r["ran"] for r in run_stages(config, tmp_path)] == [True]
+    three = json.loads((tmp_path / "ground" / "summary.json").read_text())
+    assert three["rows"] == one["rows"] and three["targets_per_row"] == 3
+    assert one["rows"] / 3 <= three["examples"] < one["rows"]
+    assert three["last_loss"] < three["first_loss"], three
+
+    # Grounding examples mixed into SFT: half an example per training step.
+    config.sft.grounding_mix = 0.5
+    config.stages = ("sft",)
+    assert [r["ran"] for r in run_stages(config, tmp_path)] == [True]
+    sft = json.loads((tmp_path / "sft" / "summary.json").read_text())
+    assert sft["grounding_examples_mixed"] == round(0.5 * sft["train_examples"]) > 0
+
+
+def test_no_probe_without_held_out_groups_says_why(tmp_path):
+    from rmsweb_jax.stages import ground
+    config = _config()
+    config.data.held_out_fraction = 0.0
+    split = split_by_task(SFTView(write_synthetic_store(tmp_path / "store", tasks=2, seeds=2, viewport=(200, 120))),
+                          0.0, 0)
+    assert ground.held_out_probe(config, tmp_path, None, split, None, ("click",), tmp_path) == {
+        "skipped": "no held-out task groups (config.data.held_out_fraction = 0)"}
+    config.ground.probe_rows = 0
+    assert ground.held_out_probe(config, tmp_path, None, split, None, ("click",), tmp_path) == {
+        "skipped": "config.ground.probe_rows = 0"}
+
+
+def test_a_bad_targets_per_row_is_refused_before_any_stage_runs(tmp_path):
+    from rmsweb_jax.stages import ground
+    config = _config()
+    config.ground.targets_per_row = 0
+    with pytest.raises(UserError, match=r"config.ground.targets_per_row = 0: expected an int >= 1"):
+        ground.check_config(config, tmp_path)
 
 
 def test_sft_init_names_a_starting_point(tmp_path):

@@ -298,6 +298,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.salvage.competence_max = 0.75
     c.salvage.std_normalize = True        # advantages (r - mean) / (std + eps); False: r - mean
     c.salvage.anchor = "all"              # rejected groups anchored (NLL of the reference action): all | all_negative | off
+    c.salvage.grounding_rows = 0          # up to this many of the ground stage's rows (training split's pages) as
+                                          # anchor rows of each update, in the batch's rows the policy and anchor
+                                          # rows leave (no extra compute); 0 = none (salvage/grounding_anchor.py)
     c.salvage.loss = ml_collections.ConfigDict()  # the update (rmsweb_jax/train/rl_loss.py RLLossSettings)
     c.salvage.loss.clip_low = 0.2         # ratio clipped to [1 - clip_low, 1 + clip_high] (PPO / DAPO)
     c.salvage.loss.clip_high = 0.28       # DAPO's clip-higher: more room to raise unlikely correct tokens

@@ -94,6 +94,7 @@ class BatchInfo:
     anchor_rows_dropped: int
     padding_rows: int
     length: int
+    grounding_rows: int  # grounding anchor rows (salvage/grounding_anchor.py) in the room the others left
 
     def metrics(self) -> dict[str, float]:
         """Returns the counts as metric scalars."""
@@ -101,15 +102,18 @@ class BatchInfo:
 
 
 def salvage_batch(policy: Sequence[dict], anchors: Sequence[dict], buckets: Buckets, batch_size: int, *,
-                  pad_id: int = 0, process_index: int = 0, process_count: int = 1
+                  pad_id: int = 0, process_index: int = 0, process_count: int = 1, grounding: Sequence[dict] = ()
                   ) -> tuple[dict[str, np.ndarray], BatchInfo]:
     """Returns (this process's rows of the global batch, what it holds). The batch follows the
-    trainer's contract plus `advantage` [b], `anchor` [b] and `token_old_logprobs` [b, L] (zeros)."""
+    trainer's contract plus `advantage` [b], `anchor` [b] and `token_old_logprobs` [b, L] (zeros).
+    `grounding` rows (anchor rows too) fill what room the policy and anchor rows leave, never more."""
     if len(policy) > batch_size:
         raise ValueError(f"{len(policy)} policy rows (accepted groups x samples) exceed config.train.batch_size = "
                          f"{batch_size}: use batch_size >= config.salvage.groups_per_step x group_size")
     room = batch_size - len(policy)
     rows = list(policy) + list(anchors[:room])
+    kept_anchors = len(rows) - len(policy)
+    rows += list(grounding[:batch_size - len(rows)])
     bucket = 0
     for row in rows:
         tokens, patches = len(row["input_ids"]), len(row["pixel_values"])
@@ -127,7 +131,7 @@ def salvage_batch(policy: Sequence[dict], anchors: Sequence[dict], buckets: Buck
     batch["advantage"] = np.asarray([0.0 if r is None else r["advantage"] for r in mine], np.float32)
     batch["anchor"] = np.asarray([0.0 if r is None else r["anchor"] for r in mine], np.float32)
     batch[OLD_LOGPROBS] = np.zeros((local, length), np.float32)
-    info = BatchInfo(len(policy), len(rows) - len(policy), len(anchors) - (len(rows) - len(policy)),
-                     batch_size - len(rows), length)
+    info = BatchInfo(len(policy), kept_anchors, len(anchors) - kept_anchors, batch_size - len(rows), length,
+                     len(rows) - len(policy) - kept_anchors)
     return batch, info
 

@@ -43,6 +43,7 @@ from rmsweb_jax.errors import UserError
 from rmsweb_jax.salvage.batches import OLD_LOGPROBS, anchor_row, policy_rows, salvage_batch
 from rmsweb_jax.salvage.dynamic_sampling import Draw, DrawSettings, DynamicSampler
 from rmsweb_jax.salvage.gates import GateSettings
+from rmsweb_jax.salvage.grounding_anchor import GroundingAnchors
 from rmsweb_jax.salvage.rewards import RewardSettings, SampleScore, score_samples
 from rmsweb_jax.salvage.state_prompts import StatePrompts
 
@@ -80,10 +81,11 @@ class SalvageDSLearner:
                                DrawSettings.from_config(salvage), float(salvage.loss.anchor_weight), epochs)
 
     def __init__(self, actor, rollout, prompts: StatePrompts, settings: LearnerSettings, *, sampling,
-                 buckets: Buckets, batch_size: int, pad_id: int, ref_params=None):
+                 buckets: Buckets, batch_size: int, pad_id: int, ref_params=None,
+                 grounding: GroundingAnchors | None = None):
         self.actor, self.rollout, self.prompts, self.settings = actor, rollout, prompts, settings
         self.sampling, self.buckets, self.batch_size, self.pad_id = sampling, buckets, batch_size, pad_id
-        self.ref_params = ref_params
+        self.ref_params, self.grounding = ref_params, grounding
         self._sync_s: float | None = None  # the last sync's seconds, reported with the next update
         self.sampler = DynamicSampler(len(prompts), self.sample_groups, self.score, settings.draw, settings.gates)
         if actor.data_state is not None:  # a resumed run: the exact sequence of draws continues
@@ -94,7 +96,8 @@ class SalvageDSLearner:
         s = self.settings
         return (f"{self.algorithm}: G={s.draw.group_size}, B={s.draw.groups_per_step}, budget "
                 f"{s.draw.max_draws_per_step} states, reward {self.reward_name()}, gates {s.gates.gates}, "
-                f"anchor {s.draw.anchor}" + (f", {s.epochs} optimizer steps per draw" if s.epochs > 1 else ""))
+                f"anchor {s.draw.anchor}" + (f", {s.epochs} optimizer steps per draw" if s.epochs > 1 else "")
+                + (f", {self.grounding!r}" if self.grounding is not None else ""))
 
     def reward_name(self) -> str:
         """Returns the name of the reward the samples are scored with."""
@@ -117,8 +120,9 @@ class SalvageDSLearner:
         the draw budget is spent (the sampler calls sample_groups and score)."""
         return self.sampler.draw()
 
-    def build_rows(self, draw: Draw) -> tuple[list[dict], list[dict]]:
-        """Returns (policy rows of the accepted groups, anchor rows of the anchored ones)."""
+    def build_rows(self, draw: Draw) -> tuple[list[dict], list[dict], list[dict]]:
+        """Returns (policy rows of the accepted groups, anchor rows of the anchored ones, grounding anchor rows in
+        the room the others leave)."""
         prompts = self.prompts
         policy = [row for g in draw.accepted
                   for row in policy_rows(prompts.prompt(g.state_index), g.samples, g.advantages, g.valid)]
@@ -126,13 +130,18 @@ class SalvageDSLearner:
             anchor_row(prompts.reference(g.state_index), prompts.tokenizer, prompts.name(g.state_index),
                        prompts.image_config.patch_dim)
             for g in draw.anchored]
-        return policy, anchors
+        grounding = []
+        if self.grounding is not None and self.settings.anchor_weight > 0:
+            update = self.actor.step_count // self.settings.epochs
+            grounding = self.grounding.for_update(update, self.batch_size - len(policy) - len(anchors))
+        return policy, anchors, grounding
 
     def build_batch(self, draw: Draw):
         """Returns (this process's rows of the update's batch, BatchInfo)."""
-        policy, anchors = self.build_rows(draw)
+        policy, anchors, grounding = self.build_rows(draw)
         return salvage_batch(policy, anchors, self.buckets, self.batch_size, pad_id=self.pad_id,
-                             process_index=jax.process_index(), process_count=jax.process_count())
+                             process_index=jax.process_index(), process_count=jax.process_count(),
+                             grounding=grounding)
 
     def old_logprobs(self, batch: dict) -> None:
         """Fills the batch's old log-probs from the actor's own forward pass over these exact rows (and the

@@ -13,7 +13,9 @@ and anchor). The stage wires the config and the files; each update is the learne
    reference action (salvage/rewards.py), gated (salvage/gates.py), until B groups are accepted or
    the draw budget is spent;
 2. the batch (salvage/batches.py): policy rows of the accepted groups (exact sampled ids, their
-   advantages), anchor rows of the rejected ones the anchor keeps (reference tool call only);
+   advantages), anchor rows of the rejected ones the anchor keeps (reference tool call only), and with
+   config.salvage.grounding_rows > 0 grounding rows of the training split's pages as anchor rows in the room
+   left (salvage/grounding_anchor.py);
 3. old log-probs of the exact rows from the trainer's own forward pass (and the frozen SFT
    policy's when config.salvage.loss.kl_beta > 0), then config.salvage.epochs optimizer steps on them (1 by
    default; from the second the importance ratio leaves 1 and the clip bounds act; a checkpoint waits for the
@@ -32,18 +34,21 @@ import pathlib
 import jax
 
 from rmsweb_jax import storage
-from rmsweb_jax.agents.prompt import prompt_config_from
+from rmsweb_jax.agents.prompt import PromptBuilder, prompt_config_from
 from rmsweb_jax.data.batching import Buckets
+from rmsweb_jax.data.grounding import GroundingRows, parse_kinds
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.mining.state_set import StateSet
 from rmsweb_jax.model_init import load_model
 from rmsweb_jax.models.from_config import mesh_from_config
+from rmsweb_jax.salvage.grounding_anchor import GroundingAnchors
 from rmsweb_jax.salvage.learner import learner_class
 from rmsweb_jax.salvage.state_prompts import StatePrompts
 from rmsweb_jax.sampling.chat_model import ChatModel, default_stop_token_ids
 from rmsweb_jax.sampling.sampler import rollout_params
 from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import MODEL_LOADING, TRAINER_CADENCE
+from rmsweb_jax.stages.sft_split import saved_split
 from rmsweb_jax.stages.train_overrides import with_train_overrides
 from rmsweb_jax.train.loop import Trainer
 from rmsweb_jax.train.loss import resolve_loss_impl
@@ -54,7 +59,8 @@ from rmsweb_jax.train.tokenizer import check_tokenizer
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # sft's export unless salvage.init names another checkpoint; mine's state set unless salvage.states names a file.
-CONFIG_READS = ("salvage", "train", "data.buckets", "data.bucket_patches", "prompt", *MODEL_LOADING, "seed")
+# With salvage.grounding_rows > 0 it reads sft's split of config.data's store too (the ground stage's rows).
+CONFIG_READS = ("salvage", "train", "data", "prompt", *MODEL_LOADING, "seed", "ground.kinds")
 INPUT_STAGES = {"sft": "salvage.init", "mine": "salvage.states"}
 OUTPUTS = {"salvage/summary.json": None, "salvage/hf": None}
 FRESH_START = ("salvage",)  # a rerun for a change starts afresh (manifest.py)
@@ -84,6 +90,15 @@ def check_config(config, workdir) -> tuple:
         raise UserError(f"config.salvage.train.batch_size (or config.train.batch_size) = {batch_size} cannot hold "
                         f"config.salvage.groups_per_step x group_size = {draw_settings.groups_per_step} x "
                         f"{draw_settings.group_size} policy rows; raise the batch size or lower B or G")
+    rows = cfg.grounding_rows
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise UserError(f"config.salvage.grounding_rows = {rows!r}: expected an int >= 0 (grounding anchor rows per "
+                        "update, in the batch's spare rows; 0 = none)")
+    if rows and loss_settings.anchor_weight == 0:
+        raise UserError(f"config.salvage.grounding_rows = {rows} needs config.salvage.loss.anchor_weight > 0: "
+                        "grounding rows are anchor rows, weighted by it")
+    if rows:
+        parse_kinds(config.ground.kinds)
     return learner_type, settings, loss_settings, run_config
 
 
@@ -118,9 +133,16 @@ def run(config, workdir: pathlib.Path) -> dict:
         params = rollout_params(trainer.model_config, cfg.max_new_tokens, cfg.temperature, cfg.top_p)
         buckets = Buckets(config.data.buckets, config.data.bucket_patches, image_config.patch_dim,
                           image_config.merge_size ** 2)
-        learner = learner_type(trainer, chat, StatePrompts(states, tokenizer, image_config, prompt_config_from(config)),
-                               settings, sampling=params, buckets=buckets, batch_size=batch_size, pad_id=pad_id,
-                               ref_params=ref_params)
+        prompt = prompt_config_from(config)
+        grounding = None
+        if cfg.grounding_rows:
+            _, view, split, _ = saved_split(config, workdir)  # the pages sft trained on, never its held-out groups
+            grounding = GroundingAnchors(GroundingRows(view, split.train, prompt, parse_kinds(config.ground.kinds)),
+                                         cfg.grounding_rows, tokenizer, image_config, PromptBuilder(prompt),
+                                         seed=int(cfg.seed))
+        learner = learner_type(trainer, chat, StatePrompts(states, tokenizer, image_config, prompt), settings,
+                               sampling=params, buckets=buckets, batch_size=batch_size, pad_id=pad_id,
+                               ref_params=ref_params, grounding=grounding)
         trainer.writer.message(f"[salvage] {states!r}; init {trainer.init_dir}; {learner.describe()}")
         totals = learner.run()
         result = trainer.finish()

@@ -107,8 +107,9 @@ def test_grpo_keeps_the_groups_the_gates_drop_and_builds_no_anchor_rows(states, 
     s_rewards = {s.reward for g in s_draw.accepted + s_draw.rejected for s in g.scores}
     g_rewards = {s.reward for g in g_draw.accepted for s in g.scores}
     assert s_rewards == {1.0, -1.0} and g_rewards == {1.0, 0.0}
-    s_policy, s_anchors = salvage.build_rows(s_draw)
-    g_policy, g_anchors = grpo.build_rows(g_draw)
+    s_policy, s_anchors, s_grounding = salvage.build_rows(s_draw)
+    g_policy, g_anchors, g_grounding = grpo.build_rows(g_draw)
+    assert s_grounding == g_grounding == []  # no grounding anchors unless given
     assert len(s_policy) == G * len(mixed) and len(s_anchors) == len(states) - len(mixed)
     assert len(g_policy) == G * len(states) and g_anchors == []
     assert all(row["anchor"] == 0.0 for row in g_policy)

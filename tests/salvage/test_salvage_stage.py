@@ -198,3 +198,38 @@ if __name__ == "__main__":  # the run that test_salvage_trains_through_the_ancho
 
     Trainer.step = wait_for_the_kill_at_step_2
     run_stages(_config(), sys.argv[1])
+
+
+@pytest.mark.slow
+def test_grounding_rows_train_in_the_batchs_spare_rows(tmp_path):
+    """salvage.grounding_rows: the ground stage's rows of the training split's pages (sft's split.json) fill the
+    rows the policy and anchor rows leave, as anchor rows; a bad value or a zero anchor weight is refused first."""
+    from rmsweb_jax.errors import UserError
+    from rmsweb_jax.stages import salvage
+    from rmsweb_jax.stages.sft_split import load_split, split_path, split_record
+    write_states(tmp_path)
+    config = _config()
+    config.data.store_dir = str(tmp_path / "store")
+    config.data.held_out_fraction = 0.0
+    config.prompt.observation = "elements"  # grounding rows list the page's elements
+    config.salvage.train.batch_size = 6  # 1 group x 2 samples + up to 2 state anchor rows + 2 spare
+    config.salvage.train.total_steps = 2
+    config.salvage.grounding_rows = 3
+    data, view, split = load_split(config, tmp_path)  # the split the sft stage would write
+    split_path(tmp_path).parent.mkdir(parents=True)
+    split_path(tmp_path).write_text(json.dumps(split_record(data, view, split)))
+    run_stages(config, tmp_path)
+    logged = read_metrics(tmp_path / "salvage" / "metrics.jsonl").values()
+    metrics = [m for m in logged if "rows_grounding_rows" in m]
+    assert len(metrics) == 2
+    for m in metrics:
+        spare = 6 - m["rows_policy_rows"] - m["rows_anchor_rows"]
+        assert m["rows_grounding_rows"] == min(3, spare) > 0, m
+        assert m["rows_padding_rows"] == spare - m["rows_grounding_rows"]
+    config.salvage.grounding_rows = -1
+    with pytest.raises(UserError, match="config.salvage.grounding_rows = -1: expected an int >= 0"):
+        salvage.check_config(config, tmp_path)
+    config.salvage.grounding_rows = 2
+    config.salvage.loss.anchor_weight = 0.0
+    with pytest.raises(UserError, match="needs config.salvage.loss.anchor_weight > 0"):
+        salvage.check_config(config, tmp_path)

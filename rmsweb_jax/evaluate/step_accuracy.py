@@ -20,11 +20,15 @@ from rmsweb_jax.web.semantics import same_action
 
 def score(output: PolicyOutput, example: SFTExample) -> tuple[bool, str | None]:
     """Returns (whether the policy's turn does what the stored step did, why not when it cannot be compared)."""
+    return score_action(output, example.step.action, example.step.observation())
+
+
+def score_action(output: PolicyOutput, action, observation) -> tuple[bool, str | None]:
+    """Returns (whether the policy's turn does `action` on `observation`, why not when it cannot be compared)."""
     if output.action is None:
         return False, output.error or "unparseable turn"
-    observation = example.step.observation()
     try:
-        return bool(same_action(output.action, example.step.action, observation)), None
+        return bool(same_action(output.action, action, observation)), None
     except ValueError as err:  # e.g. a pointer action whose point resolves to nothing comparable
         return False, f"not comparable: {err}"
 
@@ -91,10 +95,7 @@ def grounding_accuracy(chat_model, builder, rows: Sequence[GroundingRow], *, max
         completions = chat_model.complete([builder.messages(r.context()) for r in chunk], params)
         for row, completion in zip(chunk, completions):
             output = PolicyOutput.from_text(completion.text, row.observation)
-            try:
-                hit = output.action is not None and bool(same_action(output.action, row.action, row.observation))
-            except ValueError:  # a pointer action whose point resolves to nothing comparable: a miss, as score()
-                hit = False
+            hit = score_action(output, row.action, row.observation)[0]
             correct, parsed = correct + hit, parsed + (output.action is not None)
             by_task[row.task_id][0] += hit
             by_task[row.task_id][1] += 1

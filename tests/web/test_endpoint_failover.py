@@ -12,8 +12,10 @@ from tests.web.recorded_site import RecordedSite, SiteSuite, site_policy
 from tests.web.remote_chromium import RemoteChromium, free_port
 
 pytestmark = pytest.mark.browser
-# A refused connection fails at once: the reconnection gives up after its one backoff (0.5 s).
-CONFIG = dict(step_timeout_s=10, launch_timeout_s=5, launch_attempts=2)
+# A refused connection fails at once: the reconnection gives up after its one backoff (0.5 s). The step's
+# bound only matters on a loaded machine (CI runs the TPU compiles beside this test): a live browser's step
+# that timed out there is a second, unrelated fault.
+CONFIG = dict(step_timeout_s=60, launch_timeout_s=5, launch_attempts=2)
 
 
 @pytest.fixture()
@@ -62,7 +64,7 @@ def test_an_endpoint_killed_for_good_mid_run_moves_its_episodes_to_the_live_one(
     lost_at = list(runs).index((moved_id, lost_run))
     later = [key for key in list(runs)[lost_at + 1:] if key != (moved_id, lost_run)]
     assert later and all(runs[key] == {1} for key in later), runs  # nothing ran on the dead endpoint after
-    assert sum(e.faults != () for e in episodes) == 1
+    assert sum(e.faults != () for e in episodes) == 1, [(e.request.request_id, e.faults) for e in episodes if e.faults]
 
 
 def test_with_every_endpoint_down_the_run_fails_naming_them(loop, remotes):

@@ -1,7 +1,11 @@
 """The training steps of sft and salvage compiled for a v5p and a v6e slice of 4 chips (mesh (1, 2, 2)) at 8B widths:
 each compiles within 15% of the planner's figure, and the step runs splash under shard_map with the LM head gathered
 once. Mining's forward on the same slices: test_small_slice_forward.py (make test's two workers take whole files, so
-the minutes of compiles split between them)."""
+the minutes of compiles split between them).
+
+Salvage's step is compiled on the v5p slice only: on v6e it is the SFT step's program with the RL loss (the same GiB
+to three digits in BUILD.md's table), and at 387 s of CPU it was the longest of make test's compiles left to run
+after the rest of the suite. The demo's salvage step also compiles for v5p in test_plan_compile_cli.py."""
 import pytest
 
 from tests.tpu_aot.slices import CompiledSlice, assert_step_runs_splash_and_gathers_the_head_once, assert_within_plan
@@ -9,15 +13,17 @@ from tests.tpu_aot.slices import CompiledSlice, assert_step_runs_splash_and_gath
 pytestmark = [pytest.mark.tpu_aot, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module", params=("v5p", "v6e"))
+@pytest.fixture(scope="module")
 def small_slice(request):
     return CompiledSlice("8b", request.param, 4, (1, 2, 2))
 
 
-@pytest.mark.parametrize("program", ("sft_step", "salvage_step"))
+@pytest.mark.parametrize("small_slice,program", [("v5p", "sft_step"), ("v5p", "salvage_step"), ("v6e", "sft_step")],
+                         indirect=["small_slice"], scope="module")
 def test_program_compiles_within_the_plan(small_slice, program):
     assert_within_plan(small_slice, program)
 
 
+@pytest.mark.parametrize("small_slice", ("v5p", "v6e"), indirect=True, scope="module")
 def test_the_step_runs_splash_and_gathers_the_lm_head_once(small_slice):
     assert_step_runs_splash_and_gathers_the_head_once(small_slice)

@@ -301,6 +301,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.salvage.grounding_rows = 0          # up to this many of the ground stage's rows (training split's pages) as
                                           # anchor rows of each update, in the batch's rows the policy and anchor
                                           # rows leave (no extra compute); 0 = none (salvage/grounding_anchor.py)
+    c.salvage.grounding_weight = 1.0      # their tool-call tokens' loss weight over the other anchor rows' (x the
+                                          # anchor's loss.anchor_weight): 10 with anchor_weight 0.1 = SFT's NLL
     c.salvage.loss = ml_collections.ConfigDict()  # the update (rmsweb_jax/train/rl_loss.py RLLossSettings)
     c.salvage.loss.clip_low = 0.2         # ratio clipped to [1 - clip_low, 1 + clip_high] (PPO / DAPO)
     c.salvage.loss.clip_high = 0.28       # DAPO's clip-higher: more room to raise unlikely correct tokens

@@ -69,12 +69,12 @@ def policy_rows(prompt: PromptTokens, samples: Sequence[Any], advantages: np.nda
     return rows
 
 
-def anchor_row(encoded, tokenizer, name: str, patch_dim: int) -> dict[str, Any]:
+def anchor_row(encoded, tokenizer, name: str, patch_dim: int, weight: float = 1.0) -> dict[str, Any]:
     """Returns the anchor row of an EncodedChat of prompt + reference turn (encode_for_training):
-    loss only on the reference's tool-call tokens."""
+    loss only on the reference's tool-call tokens, each weighted `weight` (its loss_mask value)."""
     lo, hi = action_token_span(encoded.input_ids, encoded.prompt_length, tokenizer)
     mask = np.zeros(len(encoded.input_ids), np.float32)
-    mask[lo:hi] = 1.0
+    mask[lo:hi] = weight
     prompt = PromptTokens.from_encoded(encoded, name, patch_dim)
     return _row(prompt, np.asarray(encoded.input_ids, np.int32), mask, advantage=0.0, anchor=1.0,
                 name=f"{name}#anchor")

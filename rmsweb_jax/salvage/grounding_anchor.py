@@ -6,6 +6,8 @@ Why (issue 26, bench/README.md): SFT kept the grounding it started from only wit
 30 updates took the probe from 50.0% to 42.5% while RMSWeb fell 7.1 points below SFT closed loop. These rows keep the
 skill in the loss: the same action-only NLL as the anchor rows of rejected groups (loss on the tool call, weighted
 by config.salvage.loss.anchor_weight), at no extra compute, since the batch's size is fixed and padded anyway.
+config.salvage.grounding_weight (default 1) scales their tool-call tokens' loss weight (their loss_mask value) over
+the other anchor rows': with anchor_weight 0.1, a grounding_weight of 10 gives them SFT's full NLL.
 
 Update t takes rows t*k .. t*k + k - 1 of a permutation drawn once from `seed`, so a resumed run takes exactly the
 rows an uninterrupted one would.
@@ -24,8 +26,9 @@ class GroundingAnchors:
     """Up to `per_update` grounding anchor rows for each update, from `rows` (GroundingRows of the training split)."""
 
     def __init__(self, rows: GroundingRows, per_update: int, tokenizer, image_config, builder: PromptBuilder,
-                 seed: int):
+                 seed: int, weight: float = 1.0):
         self.rows, self.per_update, self.tokenizer, self.image_config = rows, per_update, tokenizer, image_config
+        self.weight = weight
         self.builder = builder
         self.order = np.random.default_rng(seed).permutation(len(rows))
 
@@ -38,8 +41,10 @@ class GroundingAnchors:
             row = self.rows[int(self.order[(update * self.per_update + j) % len(self.order)])]
             encoded = encode_for_training(self.tokenizer, self.builder.messages(row.context()), row.target_text,
                                           self.image_config)
-            out.append(anchor_row(encoded, self.tokenizer, f"ground:{row.name}", self.image_config.patch_dim))
+            out.append(anchor_row(encoded, self.tokenizer, f"ground:{row.name}", self.image_config.patch_dim,
+                                  weight=self.weight))
         return out
 
     def __repr__(self) -> str:
-        return f"GroundingAnchors(up to {self.per_update} a update of {self.rows!r})"
+        weight = f", tool-call tokens weighted {self.weight:g}" if self.weight != 1.0 else ""
+        return f"GroundingAnchors(up to {self.per_update} a update of {self.rows!r}{weight})"

@@ -97,6 +97,10 @@ def check_config(config, workdir) -> tuple:
     if rows and loss_settings.anchor_weight == 0:
         raise UserError(f"config.salvage.grounding_rows = {rows} needs config.salvage.loss.anchor_weight > 0: "
                         "grounding rows are anchor rows, weighted by it")
+    weight = cfg.grounding_weight
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
+        raise UserError(f"config.salvage.grounding_weight = {weight!r}: expected a number > 0 (the loss weight of a "
+                        "grounding anchor row's tool-call tokens, over the other anchor rows')")
     if rows:
         parse_kinds(config.ground.kinds)
     return learner_type, settings, loss_settings, run_config
@@ -139,7 +143,7 @@ def run(config, workdir: pathlib.Path) -> dict:
             _, view, split, _ = saved_split(config, workdir)  # the pages sft trained on, never its held-out groups
             grounding = GroundingAnchors(GroundingRows(view, split.train, prompt, parse_kinds(config.ground.kinds)),
                                          cfg.grounding_rows, tokenizer, image_config, PromptBuilder(prompt),
-                                         seed=int(cfg.seed))
+                                         seed=int(cfg.seed), weight=float(cfg.grounding_weight))
         learner = learner_type(trainer, chat, StatePrompts(states, tokenizer, image_config, prompt), settings,
                                sampling=params, buckets=buckets, batch_size=batch_size, pad_id=pad_id,
                                ref_params=ref_params, grounding=grounding)

@@ -1,6 +1,7 @@
 """Grounding anchor rows: the ground stage's rows as anchor rows of Salvage-DS's updates, in the room the policy and
 anchor rows leave; loss on the tool call only; the rows of update t are fixed by the seed (a resume takes the same)."""
 import numpy as np
+import pytest
 
 from rmsweb_jax.agents.prompt import PromptBuilder
 from rmsweb_jax.data.batching import Buckets
@@ -15,9 +16,10 @@ from tests.salvage.test_batches import Sample
 BUCKETS = Buckets((2304, 2560), (192, 192), IMAGE_CONFIG.patch_dim, IMAGE_CONFIG.merge_size ** 2)
 
 
-def _anchors(view, tokenizer, per_update, seed=0):
+def _anchors(view, tokenizer, per_update, seed=0, weight=1.0):
     rows = GroundingRows(view, np.arange(len(view)), PROMPT, ("click", "type"))
-    return rows, GroundingAnchors(rows, per_update, tokenizer, IMAGE_CONFIG, PromptBuilder(PROMPT), seed=seed)
+    return rows, GroundingAnchors(rows, per_update, tokenizer, IMAGE_CONFIG, PromptBuilder(PROMPT), seed=seed,
+                                  weight=weight)
 
 
 def test_each_update_takes_its_own_rows_of_one_seeded_order(view, tokenizer):
@@ -44,6 +46,28 @@ def test_a_grounding_row_weights_only_its_tool_call(view, tokenizer):
     assert parse_action("I act.\n" + learned).action == source.action
     prompt = encode_chat(tokenizer, PromptBuilder(PROMPT).messages(source.context()), IMAGE_CONFIG)
     np.testing.assert_array_equal(row["input_ids"][:len(prompt.input_ids)], prompt.input_ids)
+
+
+def test_the_grounding_weight_scales_the_tool_call_tokens_weight_and_their_share_of_the_loss(view, tokenizer):
+    import jax.numpy as jnp
+
+    from rmsweb_jax.train.rl_loss import RLLossSettings, salvage_terms
+    _, plain = _anchors(view, tokenizer, per_update=1)
+    _, heavy = _anchors(view, tokenizer, per_update=1, weight=10.0)
+    one, ten = plain.for_update(3, room=1)[0], heavy.for_update(3, room=1)[0]
+    np.testing.assert_array_equal(one["input_ids"], ten["input_ids"])
+    np.testing.assert_array_equal(ten["loss_mask"], 10.0 * one["loss_mask"])
+    assert "weighted 10" in repr(heavy) and "weighted" not in repr(plain)
+    # In the loss (token mean): a state anchor row's NLL a and a grounding row's g, each over n tool-call tokens,
+    # average to (a + w g) / (1 + w) with the grounding row weighted w.
+    n, a, g = 4, 2.0, 0.5
+    logp = jnp.asarray([[-a] * n, [-g] * n])
+    extras = {"advantage": jnp.zeros(2), "anchor": jnp.ones(2), "token_old_logprobs": jnp.zeros((2, n))}
+    settings = RLLossSettings(clip_low=0.2, clip_high=0.28, aggregation="token_mean", kl_beta=0.0, anchor_weight=0.1)
+    for w in (1.0, 10.0):
+        weights = jnp.asarray([[1.0] * n, [w] * n])
+        parts, _ = salvage_terms(logp, weights, extras, settings)
+        assert float(parts.value()) == pytest.approx(0.1 * (a + w * g) / (1 + w), rel=1e-6)
 
 
 def test_grounding_rows_fill_only_the_room_the_others_leave(view, tokenizer):

@@ -233,3 +233,8 @@ def test_grounding_rows_train_in_the_batchs_spare_rows(tmp_path):
     config.salvage.loss.anchor_weight = 0.0
     with pytest.raises(UserError, match="needs config.salvage.loss.anchor_weight > 0"):
         salvage.check_config(config, tmp_path)
+    config.salvage.loss.anchor_weight = 0.1
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        config.salvage.grounding_weight = bad
+        with pytest.raises(UserError, match="config.salvage.grounding_weight = .*: expected a number > 0"):
+            salvage.check_config(config, tmp_path)

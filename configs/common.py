@@ -253,8 +253,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.mine.max_states = 0                 # replay a seeded draw of this many reference steps, stratified over
                                           # tasks (0 = all of the train split)
     c.mine.routine_share = 0.2            # routine states in the state set, as a share of it (0 = critical only)
-    c.mine.uniform_states = 0             # > 0: the state set is a seeded uniform draw of this many replayed steps,
-                                          # critical or not (the table's rl_all_states ablation); 0 = mined
+    c.mine.uniform_states = 0             # > 0: the state set is a seeded draw of this many of all the training
+                                          # split's reference steps (not capped by max_states), critical or not
+                                          # (the table's rl_all_states ablation); 0 = mined
     c.mine.rollouts = False               # also run the policy on the training tasks and mine divergence points
     c.mine.repetition_window = 3          # an episode whose last k actions are identical is a repetition loop
 

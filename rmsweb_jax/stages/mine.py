@@ -13,8 +13,11 @@ config.mine.rollouts the policy also plays each training task group once in the 
 each failed episode's divergence from its reference becomes a critical state (mining/rollouts.py).
 The state set keeps every critical state and a draw of routine ones, config.mine.routine_share of
 the set (the seed of config.mine.seed), so RL can also see states the policy already gets right.
-With config.mine.uniform_states = n > 0 the set is instead a seeded draw of n replayed steps, critical
-or not: no mining (the table's rl_all_states ablation, at the main state set's size).
+With config.mine.uniform_states = n > 0 the set is instead a seeded draw of n of all the training split's steps
+(stratified over tasks; config.mine.max_states does not cap it), replayed for their labels and kept, critical or
+not: no mining (the table's rl_all_states ablation, at the main state set's size). A draw from the capped replay
+instead would differ from the mined set by the few states mining drops (in the demo 11 of 200: the SFT policy
+fails 80% of its replayed steps), and the ablation could not test mining.
 
 Writes <workdir>/mine/{states.arrayrecord, report.json, report.md, failure_modes.png, summary.json}.
 """
@@ -35,7 +38,7 @@ from rmsweb_jax.errors import UserError
 from rmsweb_jax.judges.from_config import judge_from_config
 from rmsweb_jax.mining import rollouts
 from rmsweb_jax.mining.draw import stratified_sample
-from rmsweb_jax.mining.replay import ReplayedState, ReplaySettings, replay
+from rmsweb_jax.mining.replay import ReplayedState, ReplaySettings, replay, skips_label
 from rmsweb_jax.mining.report import compute_report, write_report
 from rmsweb_jax.mining.state_set import CriticalState, state_id, write_state_set
 from rmsweb_jax.sampling.chat_model import ChatModel
@@ -103,6 +106,20 @@ def replay_indices(view, train, max_states: int, seed: int) -> list[int]:
     if max_states <= 0:
         return [int(i) for i in train]
     return [int(i) for i in stratified_sample(train, lambda i: view.task_key(i)[0], max_states, seed)]
+
+
+def state_indices(view, train, max_states: int, uniform: int, seed: int, skip_labels=()) -> list[int]:
+    """Returns the SFT view indices the stage replays: replay_indices' (every training step or a capped draw), or,
+    uniform = n > 0, a seeded draw of n of `train`'s steps that are references (no label `skip_labels` skips),
+    stratified over tasks, from a seed of its own (seed + 1) so that it is not the capped replay's draw; every one
+    becomes a state. UserError when n exceeds those steps."""
+    if uniform <= 0:
+        return replay_indices(view, train, max_states, seed)
+    references = [int(i) for i in train if not skips_label(view[int(i)].step.label, skip_labels)]
+    if uniform > len(references):
+        raise UserError(f"config.mine.uniform_states = {uniform}, but the training split holds {len(references)} "
+                        "reference steps (labelled teacher steps are none): lower it")
+    return [int(i) for i in stratified_sample(references, lambda i: view.task_key(i)[0], uniform, seed + 1)]
 
 
 def uniform_states(states: list[CriticalState], n: int, seed: int) -> list[CriticalState]:
@@ -177,7 +194,8 @@ def run(config, workdir: pathlib.Path) -> dict:
     # Every host replays the same states (the same sampling programs, on the global mesh); one writes.
     writer = jax.process_index() == 0
     data, view, split, split_file = saved_split(config, workdir)
-    indices = replay_indices(view, split.train, int(cfg.max_states), int(cfg.seed))
+    indices = state_indices(view, split.train, int(cfg.max_states), int(cfg.uniform_states), int(cfg.seed),
+                            settings.skip_labels)
     if not len(indices):
         raise UserError(f"{split_file} leaves no training steps of {data.store_dir} to mine (every task group is "
                         "held out): lower config.data.held_out_fraction and rerun sft")
@@ -200,11 +218,8 @@ def run(config, workdir: pathlib.Path) -> dict:
             states = merge_rollout_states(states, rollout)
     finally:
         chat_model.close()
-    if cfg.uniform_states > 0:
-        if cfg.uniform_states > len(states):
-            raise UserError(f"config.mine.uniform_states = {cfg.uniform_states}, but only {len(states)} reference "
-                            "steps were replayed: lower it, or raise config.mine.max_states (0 = every step)")
-        chosen = uniform_states(states, int(cfg.uniform_states), int(cfg.seed))
+    if cfg.uniform_states > 0:  # the replayed draw itself (a draw of n of them when rollout states were merged in)
+        chosen = uniform_states(states, min(int(cfg.uniform_states), len(states)), int(cfg.seed))
     else:
         chosen = select_states(states, float(cfg.routine_share), int(cfg.seed))
     path = write_state_set(out / STATES_FILE, chosen) if writer else out / STATES_FILE

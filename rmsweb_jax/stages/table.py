@@ -13,9 +13,10 @@ their stages are skipped and rerun by their own manifests exactly as the main on
   nothing" from "RL memorised its states";
 - with config.ablations: salvage_<piece> (salvage + eval from the main SFT export and state set, one
   piece of Salvage-DS switched: reward partial_credit / graded, gates none / contrast, anchor off) and
-  rl_all_states, the ablation that tests mining: the same state budget drawn uniformly from all the
-  replayed training steps, routine ones included (mine with config.mine.uniform_states = the main
-  state set's size, read from mine/summary.json; then salvage, same number of updates, and eval).
+  rl_all_states, the ablation that tests mining: the same state budget drawn from all the training
+  steps, routine ones included (mine with config.mine.uniform_states = the main state set's size, read
+  from mine/summary.json, a draw that config.mine.max_states does not cap; then salvage, same number of
+  updates, and eval).
 A variant reads the main stages' outputs through links: <variant>/links.json maps a folder name (sft,
 mine, store) to the main workdir's folder (rmsweb_jax/stages/links.py; a file, not symbolic links, so a
 gs:// workdir works the same) and <variant>/manifests/<stage>.json is a copy of the main manifest, so

@@ -13,7 +13,7 @@ from rmsweb_jax.errors import UserError
 from rmsweb_jax.main import run_stages
 from rmsweb_jax.mining.state_set import StateSet
 from rmsweb_jax.mining.taxonomy import TAXONOMY
-from rmsweb_jax.stages.mine import merge_rollout_states, replay_indices, select_states, uniform_states
+from rmsweb_jax.stages.mine import merge_rollout_states, replay_indices, select_states, state_indices, uniform_states
 from tests.settings import store_writer
 
 VIEWPORT = (200, 120)
@@ -116,6 +116,30 @@ def test_a_capped_replay_draws_from_every_task_not_the_first_one(tmp_path):
     got = replay_indices(view, train, 3, 0)
     assert len(got) == 3 and len({view.task_key(i)[0] for i in got}) == 3
     assert replay_indices(view, train[::-1], 3, 0) == got and replay_indices(view, train, 0, 0) == train
+
+
+def test_the_uniform_state_set_is_drawn_from_all_training_steps_not_the_capped_replay(tmp_path):
+    """The rl_all_states ablation's states: the mined set's budget drawn from every reference step of the training
+    split. Drawn from the capped replay (as before), it was the mined set less the few states mining drops."""
+    store = _store(tmp_path / "store")
+    view = SFTView(store)
+    train = list(range(len(view)))
+    labelled = {i for i in train if view[i].step.label is not None}
+    assert labelled  # the two detour steps
+    capped = replay_indices(view, train, 3, 0)
+    for seed in range(4):
+        drawn = state_indices(view, train, 3, 5, seed, skip_labels=("*",))
+        assert len(drawn) == 5 > len(capped) and not set(drawn) & labelled
+        assert len({view.task_key(i)[0] for i in drawn}) == 5  # stratified over tasks, as the capped replay
+        assert drawn == state_indices(view, train[::-1], 3, 5, seed, skip_labels=("*",))  # seeded
+    draws = {tuple(state_indices(view, train, 3, 3, seed, skip_labels=("*",))) for seed in range(6)}
+    assert tuple(replay_indices(view, train, 3, 0)) != tuple(state_indices(view, train, 3, 3, 0, ("*",)))
+    assert len(draws) > 1  # a seeded draw, not one fixed set
+    assert state_indices(view, train, 3, 0, 0) == capped  # uniform = 0: the stage's replay
+    references = len(train) - len(labelled)
+    with pytest.raises(UserError, match=f"uniform_states = {references + 1}, but the training split holds "
+                                        f"{references} reference steps"):
+        state_indices(view, train, 3, references + 1, 0, skip_labels=("*",))
 
 
 def test_uniform_states_is_a_seeded_draw_critical_or_not(tmp_path):

@@ -143,7 +143,7 @@ def test_the_variants_change_only_their_fields_and_link_the_main_stages_they_rea
         assert manifest.changed_fields(config.salvage.to_dict(), c.salvage.to_dict())[0].startswith(field)
     every, links = got["rl_all_states"]
     assert every.stages == ("mine", "salvage", "eval") and set(links) == {"sft"}
-    # the mined set's size, drawn uniformly from the same replayed steps: only the mining differs
+    # the mined set's size, drawn from all the training steps (stages/mine.py state_indices): no mining
     changed = manifest.changed_fields(config.mine.to_dict(), every.mine.to_dict())
     assert [c.split(" ")[0] for c in changed] == ["uniform_states"] and every.mine.uniform_states == 37
     assert every.train.optimizer.total_steps == config.train.optimizer.total_steps  # same number of updates

@@ -16,8 +16,8 @@ the set (the seed of config.mine.seed), so RL can also see states the policy alr
 With config.mine.uniform_states = n > 0 the set is instead a seeded draw of n of all the training split's steps
 (stratified over tasks; config.mine.max_states does not cap it), replayed for their labels and kept, critical or
 not: no mining (the table's rl_all_states ablation, at the main state set's size). A draw from the capped replay
-instead would differ from the mined set by the few states mining drops (in the demo 11 of 200: the SFT policy
-fails 80% of its replayed steps), and the ablation could not test mining.
+instead is about the mined set itself (in the demo it was the very same 189 states: mining kept 189 of 200, the SFT
+policy failing 80% of its replayed steps), and the ablation could not test mining.
 
 Writes <workdir>/mine/{states.arrayrecord, report.json, report.md, failure_modes.png, summary.json}.
 """

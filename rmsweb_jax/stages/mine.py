@@ -119,7 +119,7 @@ def state_indices(view, train, max_states: int, uniform: int, seed: int, skip_la
     if uniform > len(references):
         raise UserError(f"config.mine.uniform_states = {uniform}, but the training split holds {len(references)} "
                         "reference steps (labelled teacher steps are none): lower it")
-    return [int(i) for i in stratified_sample(references, lambda i: view.task_key(i)[0], uniform, seed + 1)]
+    return replay_indices(view, references, uniform, seed + 1)
 
 
 def uniform_states(states: list[CriticalState], n: int, seed: int) -> list[CriticalState]:

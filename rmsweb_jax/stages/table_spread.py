@@ -40,7 +40,7 @@ def read_tables(workdirs) -> list[dict]:
 
 def figures(table: dict) -> dict[str, float | None]:
     """Returns {figure name: value} of one table: collection rates and steps, each policy row's success,
-    difference vs the baseline and its interval, the mining and Salvage-DS shares."""
+    difference vs the baseline and its interval, the mining and Salvage-DS shares, the transfer diagnostics."""
     out = {}
     for key in ("plain", "reflection"):
         c = table["collection"][key]
@@ -61,6 +61,24 @@ def figures(table: dict) -> dict[str, float | None]:
     if sal is not None:
         out["salvage: accepted share"] = sal["accepted_share"]
         out["salvage: anchored share"] = sal["anchored_share"]
+    out.update(transfer_figures(table.get("transfer")))
+    return out
+
+
+def transfer_figures(tr: dict | None) -> dict[str, float | None]:
+    """Returns the transfer diagnostics of one table ({} for a table written without them): SFT's and RMSWeb's
+    sampled accuracy on Salvage-DS's training states and its paired difference, and their greedy step accuracy on
+    the held-out task groups' steps (absent when the run held none out)."""
+    if tr is None:
+        return {}
+    t, h = tr["training_states"], tr["held_out_steps"]
+    out = {"transfer: training states, SFT sampled accuracy": t["sft"]["accuracy"],
+           "transfer: training states, RMSWeb sampled accuracy": t["rmsweb"]["accuracy"],
+           "transfer: training states, difference": t["difference"]}
+    if h is not None:
+        out["transfer: held-out steps, SFT greedy accuracy"] = h["sft"]["accuracy"]
+        out["transfer: held-out steps, RMSWeb greedy accuracy"] = h["rmsweb"]["accuracy"]
+        out["transfer: held-out steps, difference"] = h["rmsweb"]["accuracy"] - h["sft"]["accuracy"]
     return out
 
 
@@ -162,7 +180,7 @@ def pooled_markdown(rows: list[dict], runs: int) -> str:
 def _fmt(name: str, x) -> str:
     if x is None:
         return "—"
-    if "steps" in name:
+    if "mean steps" in name:
         return f"{x:.2f}"
     if "difference" in name or "CI" in name:
         return f"{100 * x:+.1f} pts"
@@ -175,7 +193,7 @@ def markdown(workdirs, rows: list[dict]) -> str:
     lines = [f"| figure | {head} | mean | min – max | sd |", "|---" * (len(workdirs) + 4) + "|"]
     for r in rows:
         name = r["figure"]
-        sd = "—" if r["sd"] is None else (f"{r['sd']:.2f}" if "steps" in name else f"{100 * r['sd']:.1f} pts")
+        sd = "—" if r["sd"] is None else (f"{r['sd']:.2f}" if "mean steps" in name else f"{100 * r['sd']:.1f} pts")
         lines.append(f"| {name} | " + " | ".join(_fmt(name, v) for v in r["values"]) +
                      f" | {_fmt(name, r['mean'])} | {_fmt(name, r['min'])} – {_fmt(name, r['max'])} | {sd} |")
     return "\n".join(lines) + "\n"

@@ -52,6 +52,36 @@ def test_each_figure_per_run_with_its_mean_range_and_sd(tmp_path, capsys):
            "1.00 |" in text
 
 
+def _transfer(sft_states, rmsweb_states, sft_steps, rmsweb_steps):
+    return {"training_states": {"sft": {"accuracy": sft_states}, "rmsweb": {"accuracy": rmsweb_states},
+                                "difference": rmsweb_states - sft_states},
+            "held_out_steps": None if sft_steps is None else {"sft": {"accuracy": sft_steps},
+                                                              "rmsweb": {"accuracy": rmsweb_steps}}}
+
+
+def test_the_transfer_diagnostics_per_run(tmp_path):
+    """Each run's transfer figures (training states and held-out steps, SFT, RMSWeb and their difference) are rows
+    of the spread; a run whose table has no transfer section, or held no steps out, leaves its cells empty."""
+    runs = [_table(0.6, 0.9, 0.3, 0.3, 2.0, 0.8, 0.5) for _ in range(3)]
+    runs[0]["transfer"] = _transfer(0.20, 0.25, 0.35, 0.30)
+    runs[1]["transfer"] = _transfer(0.10, 0.12, None, None)
+    dirs = []
+    for i, t in enumerate(runs):
+        (tmp_path / f"s{i}").mkdir()
+        (tmp_path / f"s{i}" / "demo_table.json").write_text(json.dumps(t))
+        dirs.append(str(tmp_path / f"s{i}"))
+    rows = {r["figure"]: r for r in table_spread.spread(table_spread.read_tables(dirs))}
+    states = rows["transfer: training states, difference"]
+    assert states["values"] == [pytest.approx(0.05), pytest.approx(0.02), None]
+    assert states["mean"] == pytest.approx(0.035) and states["sd"] == pytest.approx(statistics.stdev([0.05, 0.02]))
+    assert rows["transfer: training states, RMSWeb sampled accuracy"]["values"] == [0.25, 0.12, None]
+    assert rows["transfer: held-out steps, SFT greedy accuracy"]["values"] == [0.35, None, None]
+    steps = rows["transfer: held-out steps, difference"]
+    assert steps["values"] == [pytest.approx(-0.05), None, None] and steps["sd"] is None
+    text = table_spread.markdown(dirs, table_spread.spread(table_spread.read_tables(dirs)))
+    assert "| transfer: held-out steps, difference | -5.0 pts | — | — | -5.0 pts |" in text
+
+
 def test_a_run_without_a_table_is_named(tmp_path, capsys):
     with pytest.raises(UserError, match=r"nowhere/demo_table.json is missing: run the table stage"):
         table_spread.read_tables([tmp_path / "nowhere"])

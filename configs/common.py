@@ -56,6 +56,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.prompt.max_elements = 50            # at most this many elements listed
     c.prompt.max_element_name = 80        # accessible names cut to this many characters (>= 8)
     c.prompt.reflection_images = 1        # screenshots of the failed attempt's last steps in the reflection prompt
+    c.prompt.local_ports = False          # URLs on 127.0.0.1 / localhost shown without their port (a local server's
+                                          # port, MiniWoB++'s, changes each run); True where the port tells sites apart
 
     # Reflection-conditioned retries (stage "collect"; rmsweb_jax/stages/collect.py).
     c.collect = ml_collections.ConfigDict()

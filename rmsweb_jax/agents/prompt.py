@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import urllib.parse
 from typing import Any
 
 from rmsweb_jax.agents.policy import PastStep, ReflectionRequest, StepContext
@@ -74,7 +75,8 @@ class PromptConfig:
     "both". `history_steps` earlier steps as text (thought + action), of which the last
     `history_images` also with their screenshot; `reflection_images` screenshots of the failed
     attempt (its last steps) go into the reflection prompt. `system` is the system prompt:
-    "qwen_tools" (Qwen's tool block with the full schema) or "compact".
+    "qwen_tools" (Qwen's tool block with the full schema) or "compact". `local_ports`: URLs on this
+    machine (127.0.0.1, localhost, [::1]) shown with their port; False leaves it out (shown_url).
     """
 
     observation: str
@@ -84,6 +86,7 @@ class PromptConfig:
     max_elements: int
     max_element_name: int
     reflection_images: int
+    local_ports: bool
 
     def __post_init__(self):
         for name in ("history_steps", "history_images", "max_elements", "max_element_name", "reflection_images"):
@@ -97,6 +100,8 @@ class PromptConfig:
             raise UserError(f"config.prompt.observation = {self.observation!r}; expected one of {list(OBSERVATIONS)}")
         if self.system not in SYSTEM_PROMPTS:
             raise UserError(f"config.prompt.system = {self.system!r}; expected one of {list(SYSTEM_PROMPTS)}")
+        if not isinstance(self.local_ports, bool):
+            raise UserError(f"config.prompt.local_ports must be True or False, got {self.local_ports!r}")
         if self.max_element_name < 8:
             raise UserError(f"config.prompt.max_element_name must be >= 8 characters, got {self.max_element_name}")
 
@@ -246,7 +251,8 @@ class PromptBuilder:
                     parts.append(image_url_part(step.screenshot))
                 parts.append(_text(_step_text(number, step)))
         notes = _observation_notes(obs)
-        page = f"Current page: {obs.url}" + (f" ({obs.title})" if obs.title else "") + "".join(f"\n{n}" for n in notes)
+        page = (f"Current page: {shown_url(obs.url, cfg)}" + (f" ({obs.title})" if obs.title else "")
+                + "".join(f"\n{n}" for n in notes))
         if cfg.shows_screenshot:
             parts.append(_text(page + "\nCurrent screenshot:"))
             parts.append(image_url_part(obs.screenshot))
@@ -258,16 +264,20 @@ class PromptBuilder:
         return _end(parts)
 
     def element_list(self, obs: Observation) -> str:
-        """Returns the page's elements (id, role, name, value, state, centre in the action's coordinates)."""
+        """Returns the page's elements (id, role, name, value, state, centre in the action's coordinates).
+
+        The id is the element's number in the list (1, 2, ...), not Element.id: that is Chromium's DOM node id,
+        which grows with every page the browser has loaded, so the same page would read differently in each
+        browser, run and worker (and actions are coordinates: nothing refers to an id)."""
         cfg, space = self.config, obs.coordinate_space
         shown = shown_elements(obs)
         lines = []
-        for e in shown[:cfg.max_elements]:
+        for number, e in enumerate(shown[:cfg.max_elements], 1):
             x, y = space.from_css(e.bbox.center, obs.viewport)
             name = shown_name(e.name, cfg)
             value = f" value={json.dumps(e.value, ensure_ascii=False)}" if e.value else ""
             state = "".join(f" {s}" for s in element_states(e, obs))
-            lines.append(f"[{e.id}] {e.role} {json.dumps(name, ensure_ascii=False)}{value}{state} at [{x}, {y}]")
+            lines.append(f"[{number}] {e.role} {json.dumps(name, ensure_ascii=False)}{value}{state} at [{x}, {y}]")
         more = f"\n({len(shown) - cfg.max_elements} more elements not listed)" if len(shown) > cfg.max_elements else ""
         header = "Page elements (id, role, name, value, state, centre coordinate):"
         return header + ("\n" + "\n".join(lines) if lines else "\n(none)") + more
@@ -297,7 +307,7 @@ class PromptBuilder:
                 f"Reflection {i}: {r.strip()}" for i, r in enumerate(req.earlier_reflections, 1))))
         if req.steps:
             parts.append(_text("Steps of this attempt:\n" + "\n".join(
-                f"{_step_text(i, s)}\n  url: {s.url}" for i, s in enumerate(req.steps, 1))))
+                f"{_step_text(i, s)}\n  url: {shown_url(s.url, self.config)}" for i, s in enumerate(req.steps, 1))))
         else:
             parts.append(_text("Steps of this attempt: (none: the attempt ended before its first action)"))
         first_image = max(len(req.steps) - self.config.reflection_images, 0)
@@ -318,6 +328,23 @@ def shown_elements(obs: Observation) -> list[Element]:
 def shown_name(name: str, config: PromptConfig) -> str:
     """Returns `name` as the element list prints it: cut to config.max_element_name characters, '...' marking a cut."""
     return name if len(name) <= config.max_element_name else name[:config.max_element_name - 3] + "..."
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def shown_url(url: str, config: PromptConfig) -> str:
+    """Returns `url` as the prompt shows it: without the port of a URL on this machine unless config.local_ports.
+    A local server's port is picked when it starts (MiniWoB++'s: a free one, another each run), so the same page
+    would read differently in collection, training and each evaluation."""
+    if config.local_ports or not url:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    if parts.hostname not in LOOPBACK_HOSTS or parts.port is None:
+        return url
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    netloc = (parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else "") + host
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def element_states(element: Element, obs: Observation) -> tuple[str, ...]:

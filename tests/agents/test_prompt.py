@@ -87,7 +87,8 @@ def test_prompt_config_comes_whole_from_the_config_block():
     assert prompt_config_from(config) == dataclasses.replace(PROMPT, history_steps=2, history_images=0)
     with pytest.raises(ValueError, match=r"config.prompt: unknown key\(s\) \['history'\]"):
         PromptConfig.from_config({**base_config().prompt.to_dict(), "history": 2})
-    with pytest.raises(ValueError, match=r"config.prompt: missing key\(s\) \['history_images', 'max_element_name'"):
+    with pytest.raises(ValueError,
+                       match=r"config.prompt: missing key\(s\) \['history_images', 'local_ports', 'max_element_name'"):
         PromptConfig.from_config({"history_steps": 2})
     config.prompt.history_images = 3  # overrides are validated like the defaults
     with pytest.raises(ValueError, match=r"config.prompt.history_images \(3\) must not exceed history_steps \(2\)"):
@@ -192,7 +193,7 @@ def test_rendered_chat_contains_every_piece(tokenizer):
     for piece in ("# Tools", '"name": "computer_use"', "Task: Sign up with a@b.c",
                   "Reflection 1: Click Submit, not Cancel.",
                   "Previous steps (steps 1-1 omitted):", "thought number 2", "thought number 3",
-                  "Current page: http://127.0.0.1:8000/form (Form)", '[1] button "Submit"'):
+                  "Current page: http://127.0.0.1/form (Form)", '[1] button "Submit"'):
         assert piece in text, piece
     assert "thought number 1" not in text
     assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == len(images) == 2
@@ -242,7 +243,7 @@ def test_reflection_prompt_holds_task_steps_and_verdict(tokenizer, reflection_im
     assert messages[0]["role"] == "system" and "what the agent should do instead" in messages[0]["content"]
     text = "".join(_texts(messages[1]["content"]))
     for piece in ("Task: Sign up with a@b.c", "Attempt: 2", "Reflection 1: Use the Email field.", "thought number 1",
-                  "thought number 2", "url: http://127.0.0.1:8000/p2", "Judge's verdict: NOT SUCCESS",
+                  "thought number 2", "url: http://127.0.0.1/p2", "Judge's verdict: NOT SUCCESS",
                   "Reason: the form was never submitted", "which step went wrong"):
         assert piece in text, piece
     assert len(_images(messages[1]["content"])) == min(reflection_images, 2)

@@ -4,7 +4,6 @@ splash and the kernels the stages call on one chip compile.
 That the same tower program's FLOPs grow linearly with the number of images is checked on XLA:CPU's compile of it
 (tests/models/test_vision_window.py): the count is a property of the program we write, and four TPU compiles of it
 cost about 4 minutes of the suite's CPU where four CPU compiles cost 15 s."""
-import dataclasses
 
 import jax
 import jax.numpy as jnp

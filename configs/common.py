@@ -13,7 +13,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.rerun = ""                          # stages run even when their manifests say up to date: "all" | "mine,salvage"
     c.force_unlock = False                # take the workdir's lock from the run holding it (rmsweb_jax/workdir_lock.py):
                                           # only when that run is gone and its lock stays; it names the run displaced
-    c.ablations = False                   # stage "table": also the Salvage-DS ablation rows (one piece switched each)
+    c.ablations = ""                      # stage "table": Salvage-DS ablation rows to run beside RMSWeb: "" none,
+                                          # "all", or names from stages/table.py ABLATION_NAMES, comma-separated
+                                          # (e.g. "salvage_kl_off,rl_all_states"); True / False = "all" / ""
+    c.rl_seeds = 0                        # stage "table": this many more Salvage-DS runs from the same SFT export
+                                          # and states (salvage.seed + 1 .. + n), each a row, and RMSWeb - SFT
+                                          # averaged over all n + 1 (one RL run's seed alone moved it 5.7 points)
 
     c.model = ml_collections.ConfigDict()
     c.model.init = "random:tiny"          # 'hf:/path/to/Qwen3-VL-8B-Instruct' or 'random:tiny'

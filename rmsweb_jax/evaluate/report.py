@@ -160,6 +160,26 @@ def compare_episodes(a: Mapping[tuple[str, int], TrajectoryRecord], b: Mapping[t
                                   "mean_difference": _mean([x - y for x, y in zip(steps_a, steps_b)])}}
 
 
+def compare_mean_success(runs: Sequence[Mapping[tuple[str, int], TrajectoryRecord]],
+                         b: Mapping[tuple[str, int], TrajectoryRecord], *, bootstrap_samples: int,
+                         seed: int) -> dict[str, Any]:
+    """Returns several runs of one policy (e.g. one per RL seed) against policy b, on the pairs every run and b
+    played: n, runs, success_a (per pair the share of the runs that solved it, averaged), success_b, difference
+    (success_a - success_b), ci95 (paired bootstrap of those per-pair values within each stratum: episode noise
+    given these runs), per_run (each run's own difference on the same pairs). ValueError when no pair is shared."""
+    keys = sorted(set(b).intersection(*(set(r) for r in runs))) if runs else []
+    if not keys:
+        raise ValueError(f"compare_mean_success: {len(runs)} runs and the other policy share no pair")
+    sa = [sum(float(r[k].success) for r in runs) / len(runs) for k in keys]
+    sb = [float(b[k].success) for k in keys]
+    per_run = [sum(float(r[k].success) - float(b[k].success) for k in keys) / len(keys) for r in runs]
+    return {"n": len(keys), "runs": len(runs), "success_a": sum(sa) / len(keys), "success_b": sum(sb) / len(keys),
+            "difference": (sum(sa) - sum(sb)) / len(keys),
+            "ci95": list(paired_bootstrap_interval(sa, sb, [task for task, _ in keys], samples=bootstrap_samples,
+                                                   seed=seed, level=LEVEL)),
+            "per_run": per_run}
+
+
 def compare(store_a: str | os.PathLike, store_b: str | os.PathLike, pairs: set[tuple[str, int]] | None, *,
             bootstrap_samples: int, seed: int) -> dict[str, Any]:
     """Returns the paired comparison of two policies on the pairs of `pairs` both played: n,

@@ -1,7 +1,7 @@
 """The `table` stage: RMSWeb's table (collection, policies on held-out seeds, mining), demo_table.{md,json}.
 
     python -m rmsweb_jax.main --config=configs/demo.py --workdir=/tmp/run \
-        --config.stages=collect,ground,sft,mine,salvage,eval,table [--config.ablations=True]
+        --config.stages=collect,ground,sft,mine,salvage,eval,table [--config.ablations=all] [--config.rl_seeds=2]
 
 The rows the main stages do not give are run as variants, each in <workdir>/variants/<name>/ through the
 same stage runner (rmsweb_jax/stages/pipeline.py) with a copy of the config and a few fields changed, so
@@ -11,12 +11,19 @@ their stages are skipped and rerun by their own manifests exactly as the main on
 - transfer: the transfer stage (rmsweb_jax/stages/transfer.py) on the main sft, mine and salvage outputs: SFT vs
   RMSWeb on Salvage-DS's training states and on sft's held-out task groups, so the table tells "RL learned
   nothing" from "RL memorised its states";
-- with config.ablations: salvage_<piece> (salvage + eval from the main SFT export and state set, one
-  piece of Salvage-DS switched: reward partial_credit / graded, gates none / contrast, anchor off) and
-  rl_all_states, the ablation that tests mining: the same state budget drawn from all the training
-  steps, routine ones included (mine with config.mine.uniform_states = the main state set's size, read
-  from mine/summary.json, a draw that config.mine.max_states does not cap; then salvage, same number of
-  updates, and eval).
+- the ablations config.ablations names ("all", or some of ABLATION_NAMES): salvage_<piece> (salvage + eval from
+  the main SFT export and state set, one piece of Salvage-DS switched: reward partial_credit / graded, gates none /
+  contrast, anchor off, KL off) and rl_all_states, the ablation that tests mining: the same state budget drawn from
+  all the training steps, routine ones included (mine with config.mine.uniform_states = the main state set's size,
+  read from mine/summary.json, a draw that config.mine.max_states does not cap; then salvage, same number of
+  updates, and eval). An ablation whose setting is already the main run's is not run (the table says so).
+  Plain GRPO is the gates-none row: with group-standardised advantages a 1/0 reward and the polarized +-1 give the
+  same update (up to the std's epsilon), and with no gate rejecting a group the anchor never acts
+  (tests/salvage/test_learner.py checks it); config.salvage.algorithm=grpo runs it by name;
+- config.rl_seeds = n: rmsweb_rl_seed_<s> for s = salvage.seed + 1 .. + n (salvage + eval from the main SFT export
+  and state set, only Salvage-DS's seed changed: its state order and sampling keys), each a row, and RMSWeb - SFT
+  averaged over the n + 1 Salvage-DS runs (per held-out pair, the share of the runs that solved it), since one RL
+  run's seed alone moves the difference by several points at this scale (bench/README.md).
 A variant reads the main stages' outputs through links: <variant>/links.json maps a folder name (sft,
 mine, store) to the main workdir's folder (rmsweb_jax/stages/links.py; a file, not symbolic links, so a
 gs:// workdir works the same) and <variant>/manifests/<stage>.json is a copy of the main manifest, so
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import statistics
 
 import jax
 import ml_collections
@@ -41,14 +49,15 @@ from rmsweb_jax import storage
 from rmsweb_jax.collect.report import compute_report
 from rmsweb_jax.collect.store import TrajectoryStore
 from rmsweb_jax.errors import UserError
-from rmsweb_jax.evaluate.report import build_report, pct, read_episodes
+from rmsweb_jax.evaluate.report import build_report, compare_mean_success, read_episodes
 from rmsweb_jax.stages import collect, eval as eval_stage, links, manifest, mine, salvage, sft, transfer
 from rmsweb_jax.stages.pipeline import run_pipeline
+from rmsweb_jax.stages.table_markdown import markdown
 from rmsweb_jax.train.metrics import read_metrics
 
 # What the stage reads and writes (rmsweb_jax/stages/manifest.py decides from these whether it is up to date).
 # The variants run collect, sft, mine, salvage and eval with the config: the table reads what they read.
-CONFIG_READS = tuple(sorted({"ablations", *collect.CONFIG_READS, *sft.CONFIG_READS, *mine.CONFIG_READS,
+CONFIG_READS = tuple(sorted({"ablations", "rl_seeds", *collect.CONFIG_READS, *sft.CONFIG_READS, *mine.CONFIG_READS,
                              *salvage.CONFIG_READS, *eval_stage.CONFIG_READS, *transfer.CONFIG_READS}))
 INPUT_STAGES = {"collect": None, "sft": None, "mine": None, "salvage": None, "eval": None}
 OUTPUTS = {"demo_table.json": None, "demo_table.md": None}
@@ -61,14 +70,62 @@ TEACHER_LABEL = "scripted collector with injected mistakes"
 BASELINE = "sft"  # the row every policy row is compared with: SFT on reflection-collected data
 ROWS = {"sft_first": "SFT (first-attempt data)", "sft": "SFT (reflection-collected data)",
         "rmsweb": "RMSWeb (SFT + mining + Salvage-DS)"}
-# Ablation variants: (name, row, the salvage field switched, its value).
+# Ablation variants: (name, row, the config.salvage field switched ("loss.kl_beta": a nested one), its value).
 ABLATIONS = (("salvage_reward_partial_credit", "Salvage-DS, reward partial_credit", "reward", "partial_credit"),
              ("salvage_reward_graded", "Salvage-DS, reward graded", "reward", "graded"),
-             ("salvage_gates_none", "Salvage-DS, gates none", "gates", "none"),
+             ("salvage_gates_none", "Salvage-DS, gates none (= plain GRPO: binary reward, no gates, no anchor)",
+              "gates", "none"),
              ("salvage_gates_contrast", "Salvage-DS, gates contrast", "gates", "contrast"),
              ("salvage_anchor_off", "Salvage-DS, anchor off", "anchor", "off"),
-             ("rl_grpo", "Plain GRPO (binary reward, no gates, no anchor)", "algorithm", "grpo"))
+             ("salvage_kl_off", "Salvage-DS, KL off (kl_beta 0)", "loss.kl_beta", 0.0))
 ALL_STATES = ("rl_all_states", "RL on uniformly drawn states (no mining; same state count, same updates)")
+ABLATION_NAMES = (*(a[0] for a in ABLATIONS), ALL_STATES[0])
+RL_SEED_PREFIX = "rmsweb_rl_seed_"
+RL_MEAN = "rmsweb_rl_mean"
+
+
+def selected_ablations(config) -> tuple[str, ...]:
+    """Returns the ablation variants config.ablations names, in ABLATION_NAMES order; UserError names the key and
+    the unknown names otherwise."""
+    value = config.ablations
+    text = str(value).strip() if not isinstance(value, bool) else ("all" if value else "")
+    if text.lower() in ("", "false"):
+        return ()
+    if text.lower() in ("all", "true"):
+        return ABLATION_NAMES
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ABLATION_NAMES]
+    if unknown:
+        raise UserError(f"config.ablations = {value!r}: unknown row(s) {unknown}; expected \"all\", \"\" (none) or "
+                        f"a comma-separated list of {list(ABLATION_NAMES)}")
+    return tuple(n for n in ABLATION_NAMES if n in names)
+
+
+def _salvage_value(config, field: str):
+    node = config.salvage
+    for part in field.split("."):
+        node = node[part]
+    return node
+
+
+def ablations_to_run(config) -> tuple[list[tuple], list[tuple]]:
+    """Returns (the ABLATIONS entries to run, those skipped because the main run already has their setting) among
+    the selected ones; rl_all_states is run whenever selected (selected_ablations)."""
+    chosen = set(selected_ablations(config))
+    run, same = [], []
+    for entry in ABLATIONS:
+        if entry[0] in chosen:
+            (same if _salvage_value(config, entry[2]) == entry[3] else run).append(entry)
+    return run, same
+
+
+def rl_seed_variants(config) -> list[tuple[str, int]]:
+    """Returns [(variant name, its salvage.seed)] of the config.rl_seeds extra Salvage-DS runs."""
+    n, base = config.rl_seeds, int(config.salvage.seed)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise UserError(f"config.rl_seeds = {n!r}: expected an int >= 0 (extra Salvage-DS runs from the same SFT "
+                        "export and states, each with its own salvage.seed)")
+    return [(f"{RL_SEED_PREFIX}{base + k}", base + k) for k in range(1, n + 1)]
 
 
 def store_of(config, workdir: pathlib.Path) -> pathlib.Path:
@@ -130,11 +187,14 @@ def variants(config, workdir: pathlib.Path) -> dict[str, tuple[ml_collections.Co
                           **({"ground": ("ground", workdir / "ground")} if config.sft.init == "ground" else {})}),
            "transfer": (_variant_config(config, ("transfer",), data__store_dir=data_store),
                         {**sft_links, "mine": ("mine", workdir / "mine"), "salvage": ("salvage", workdir / "salvage")})}
-    if config.ablations:
-        for name, _, field, value in ABLATIONS:
-            out[name] = (_variant_config(config, ("salvage", "eval"), eval__policies="salvage",
-                                         **{f"salvage__{field}": value}, **evaluate),
-                         {**sft_links, "mine": ("mine", workdir / "mine")})
+    rl_links = {**sft_links, "mine": ("mine", workdir / "mine")}
+    for name, seed in rl_seed_variants(config):
+        out[name] = (_variant_config(config, ("salvage", "eval"), eval__policies="salvage", salvage__seed=seed,
+                                     **evaluate), rl_links)
+    for name, _, field, value in ablations_to_run(config)[0]:
+        out[name] = (_variant_config(config, ("salvage", "eval"), eval__policies="salvage",
+                                     **{"salvage__" + field.replace(".", "__"): value}, **evaluate), rl_links)
+    if ALL_STATES[0] in selected_ablations(config):
         out[ALL_STATES[0]] = (_variant_config(config, ("mine", "salvage", "eval"),
                                               mine__uniform_states=mined_state_count(workdir), mine__rollouts=False,
                                               data__store_dir=data_store, eval__policies="salvage", **evaluate),
@@ -279,110 +339,50 @@ def build_table(config, workdir: pathlib.Path) -> dict:
                  **_eval_store(vdir / "sft_first" / eval_stage.EVAL_DIR, "sft")},
                 {"key": "sft", "row": ROWS["sft"], **_eval_store(main_eval, "sft")},
                 {"key": "rmsweb", "row": ROWS["rmsweb"], **_eval_store(main_eval, "salvage")}]
-    if config.ablations:
-        for name, row in [a[:2] for a in ABLATIONS] + [ALL_STATES]:
-            policies.append({"key": name, "row": row, **_eval_store(vdir / name / eval_stage.EVAL_DIR, "salvage")})
+    for name, seed in rl_seed_variants(config):
+        policies.append({"key": name, "row": f"RMSWeb, Salvage-DS seed {seed}",
+                         **_eval_store(vdir / name / eval_stage.EVAL_DIR, "salvage")})
+    ran, same = ablations_to_run(config)
+    for name, row in [a[:2] for a in ran] + ([ALL_STATES] if ALL_STATES[0] in selected_ablations(config) else []):
+        policies.append({"key": name, "row": row, **_eval_store(vdir / name / eval_stage.EVAL_DIR, "salvage")})
+    pairs = eval_pairs(config, workdir)
+    samples, seed = int(config.eval.bootstrap_samples), int(config.eval.bootstrap_seed)
     table = {"collection": collection,
-             "policies": policy_rows(policies, eval_pairs(config, workdir),
-                                     bootstrap_samples=int(config.eval.bootstrap_samples),
-                                     seed=int(config.eval.bootstrap_seed)),
+             "policies": policy_rows(policies, pairs, bootstrap_samples=samples, seed=seed),
+             "rl_mean": rl_mean(policies, pairs, int(config.salvage.seed), bootstrap_samples=samples, seed=seed),
              "mining": mining_summary(workdir / mine.NAME / "report.json"),
              "salvage": salvage_summary(workdir / salvage.NAME),
              "transfer": transfer_summary(vdir / "transfer" / transfer.NAME / "report.json"),
-             "ablations": bool(config.ablations)}
+             "ablations": list(selected_ablations(config)),
+             "ablations_not_run": [{"key": name, "row": row, "setting": f"salvage.{field} = {value!r}"}
+                                   for name, row, field, value in same]}
     return table
 
 
-# --- markdown ----------------------------------------------------------------------------------
-def _steps(x) -> str:
-    return "—" if x is None else f"{x:.2f}"
-
-
-def markdown(table: dict) -> str:
-    """Returns the table as markdown, with a line under the policies saying which differences this
-    scale shows (paired interval excluding 0) and which it does not."""
-    col, pol, mining = table["collection"], table["policies"], table["mining"]
-    k = col["attempts_k"]
-    lines = ["# RMSWeb at this scale", "", f"## Collection ({col['collector']}; {col['plain']['groups']} task groups, "
-             f"K = {k}, success rule {col['success_rule']})", "",
-             f"| retries | success@1 | success@≤{k} | mean steps (solved) |", "|---|---|---|---|"]
-    for key, name in (("plain", "plain (no reflection, randomness re-drawn)"), ("reflection", "reflection-conditioned")):
-        r = col[key]
-        lines.append(f"| {name} | {pct(r['success_at_1'])} | {pct(r['success_at_le_K'])} | "
-                     f"{_steps(r['mean_steps_solved'])} |")
-    boot = pol["bootstrap"]
-    lines += ["", f"## Policies on held-out seeds ({pol['pairs']} (task, seed) pairs, closed loop, one attempt)", "",
-              f"Success with its 95% Wilson interval; mean steps on the {pol['all_solved_pairs']} pairs every row "
-              f"solved; difference vs {ROWS[BASELINE]} paired by pair, 95% paired bootstrap interval "
-              f"({boot['samples']:,} samples) and McNemar's exact p.", "",
-              "| policy | solved / episodes | success | 95% CI | mean steps (all solved) | difference vs SFT "
-              "(reflection) | 95% CI (paired) | McNemar p |", "|---|---|---|---|---|---|---|---|"]
-    notes = []
-    for r in pol["rows"]:
-        v = r["vs_baseline"]
-        if v is None or v["difference"] is None:
-            diff = ci = p = "—"
-        else:
-            diff, ci = f"{100 * v['difference']:+.1f} pts", f"{100 * v['ci95'][0]:+.1f} to {100 * v['ci95'][1]:+.1f}"
-            p = f"{v['mcnemar_p']:.3g}"
-            shown = v["ci95"][0] > 0 or v["ci95"][1] < 0
-            side = "above" if v["ci95"][0] > 0 else "below"
-            notes.append(f"- {r['row']}: {diff} vs {ROWS[BASELINE]}; " + (
-                f"the paired interval excludes 0: {side} it at this scale." if shown else
-                "the paired interval includes 0: a difference is not shown at this scale."))
-        lines.append(f"| {r['row']} | {r['solved']} / {r['episodes']} | {pct(r['success'])} | "
-                     f"{pct(r['ci95'][0])}–{pct(r['ci95'][1])} | {_steps(r['mean_steps_all_solved'])} | {diff} | "
-                     f"{ci} | {p} |")
-    lines += ["", *notes, "", "## Mining", "",
-              f"{mining['states']} reference steps replayed: {mining['critical']} critical "
-              f"({pct(mining['critical_share'])}; replay accuracy < tau = {mining['tau']:g}), {mining['routine']} "
-              "routine.", "", "| failure mode | critical states | share |", "|---|---|---|"]
-    lines += [f"| {m['mode']} | {m['states']} | {pct(m['share'])} |" for m in mining["failure_modes"]] or [
-        "| (none) | 0 | — |"]
-    sal = table.get("salvage")
-    if sal is not None and sal["updates"]:
-        u = sal["per_update"]
-        lines += ["", "## Salvage-DS", "",
-                  f"{sal['updates']} updates. Per update: {u['states_drawn']:.2f} states drawn, "
-                  f"{u['groups_accepted']:.2f} groups accepted by the gates ({pct(sal['accepted_share'])} of those "
-                  f"drawn), {u['groups_anchored']:.2f} anchored ({pct(sal['anchored_share'])}; "
-                  f"{u['rows_anchor_rows']:.2f} anchor rows trained, {u['rows_anchor_rows_dropped']:.2f} without "
-                  f"room in the batch); reward mean {u['reward_mean']:+.3f}; sampled actions right " + (
-                      f"{pct(sal['correct_share_first'])} in the first logged window, "
-                      f"{pct(sal['correct_share_last'])} in the last." if sal.get("windows", 0) > 1 else
-                      f"{pct(u['correct_share'])} (one logged window)." )]
-    lines += transfer_markdown(table.get("transfer"))
-    return "\n".join(lines) + "\n"
-
-
-def transfer_markdown(tr: dict | None) -> list[str]:
-    """Returns the transfer section's lines: SFT vs RMSWeb on the training states and on held-out steps."""
-    if tr is None:
-        return []
-    t, h = tr["training_states"], tr["held_out_steps"]
-    lines = ["", "## Transfer: what Salvage-DS learned, on its states and on held-out steps", "",
-             "| measure | SFT | RMSWeb | RMSWeb vs SFT |", "|---|---|---|---|",
-             f"| sampled accuracy on Salvage-DS's {t['states']} training states (K = {tr['samples']}, temperature "
-             f"{tr['temperature']:g}) | {pct(t['sft']['accuracy'])} | {pct(t['rmsweb']['accuracy'])} | "
-             + ("—" if t["difference"] is None else
-                f"{100 * t['difference']:+.1f} pts (paired 95% CI {100 * t['ci95'][0]:+.1f} to "
-                f"{100 * t['ci95'][1]:+.1f}); better on {t['improved']} states, worse on {t['worsened']}") + " |",
-             f"| critical training states (accuracy < {t['tau']:g}) | {t['sft']['critical']} | "
-             f"{t['rmsweb']['critical']} | |"]
-    if h is not None:
-        lines.append(f"| greedy step accuracy on {h['steps']} held-out steps ({h['task_groups']} task groups, never "
-                     f"trained on) | {pct(h['sft']['accuracy'])} | {pct(h['rmsweb']['accuracy'])} | "
-                     f"right only with RMSWeb {h['only_rmsweb_right']}, only with SFT {h['only_sft_right']}; "
-                     f"McNemar p {h['mcnemar_p']:.3g} |")
-    lines += ["", "A rise on the training states with none on the held-out steps reads as memorised states; no rise "
-              "on either, as nothing learned." + ("" if h is not None else f" Held-out steps: {tr['held_out_note']}.")]
-    return lines
+def rl_mean(policies: list[dict], pairs: set[tuple[str, int]] | None, main_seed: int, *, bootstrap_samples: int,
+            seed: int) -> dict | None:
+    """Returns RMSWeb - SFT averaged over the Salvage-DS runs that differ only in salvage.seed (the main "rmsweb"
+    row and the rl_seeds rows): compare_mean_success's figures with the runs' keys, seeds and the sample standard
+    deviation of their own differences; None without rl_seeds rows."""
+    runs = [p for p in policies if p["key"] == "rmsweb" or p["key"].startswith(RL_SEED_PREFIX)]
+    if len(runs) < 2:
+        return None
+    baseline = next(p for p in policies if p["key"] == BASELINE)
+    c = compare_mean_success([read_episodes(p["store_dir"], pairs) for p in runs],
+                             read_episodes(baseline["store_dir"], pairs), bootstrap_samples=bootstrap_samples,
+                             seed=seed)
+    seeds = [main_seed if p["key"] == "rmsweb" else int(p["key"][len(RL_SEED_PREFIX):]) for p in runs]
+    return {"key": RL_MEAN, "row": f"RMSWeb, mean over {len(runs)} Salvage-DS seeds", "keys": [p["key"] for p in runs],
+            "seeds": seeds, **c, "per_run_sd": statistics.stdev(c["per_run"])}
 
 
 def check_config(config, workdir) -> None:
-    """Returns None: the table's variants change a few fields to fixed values, and the stages they run are checked
-    with the main ones' settings when config.stages names them (the variants' own configs need the main outputs).
-    The pipeline calls it before any stage runs (stages/pipeline.py check_stages)."""
+    """Returns None having checked config.ablations and config.rl_seeds (UserError names the key): the table's
+    variants change a few fields to fixed values, and the stages they run are checked with the main ones' settings
+    when config.stages names them (the variants' own configs need the main outputs). The pipeline calls it before
+    any stage runs (stages/pipeline.py check_stages)."""
+    ablations_to_run(config)
+    rl_seed_variants(config)
 
 
 def run(config, workdir: pathlib.Path) -> dict:

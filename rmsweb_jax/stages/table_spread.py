@@ -13,6 +13,8 @@ pairs both played in each run:
 - the runs' own differences, and a t interval over them (mean +- t(0.975, runs - 1) x sd / sqrt(runs)), which counts
   the run-to-run spread of training too (the wider, and with 3 runs a weak one);
 - how many runs have the row ahead (a sign test, one-sided p = 2^-runs when all are).
+When every run's table has RMSWeb over several Salvage-DS seeds (config.rl_seeds), RMSWeb - SFT averaged over each
+run's seeds is pooled the same way (per held-out pair, the share of that run's Salvage-DS runs that solved it).
 """
 from __future__ import annotations
 
@@ -121,8 +123,8 @@ def pooled(workdirs, tables: list[dict], *, samples: int = 10_000, seed: int = 0
     bootstrap within (run, task)), mcnemar (b: only the row solved, c: only the other, p), per-run differences,
     runs_ci95 (t over the runs' differences; None for one run), runs_ahead."""
     from rmsweb_jax.evaluate.report import compare_episodes
-    from rmsweb_jax.stages.table import ABLATIONS, ALL_STATES, BASELINE
-    ablations = {name for name, *_ in ABLATIONS} | {ALL_STATES[0]}
+    from rmsweb_jax.stages.table import ABLATION_NAMES, BASELINE
+    ablations = set(ABLATION_NAMES)
     keys = [r["key"] for r in tables[0]["policies"]["rows"]]
     keys = [k for k in keys if all(k in {r["key"] for r in t["policies"]["rows"]} for t in tables)]
     names = {r["key"]: r["row"] for r in tables[0]["policies"]["rows"]}
@@ -149,14 +151,46 @@ def pooled(workdirs, tables: list[dict], *, samples: int = 10_000, seed: int = 0
             mine.update(run_mine)
             theirs.update(run_theirs)
         c = compare_episodes(mine, theirs, bootstrap_samples=samples, seed=seed)
-        runs_ci = None
-        if len(per_run) > 1:
-            half = T975[min(len(per_run), len(T975) + 1) - 2] * statistics.stdev(per_run) / math.sqrt(len(per_run))
-            runs_ci = [statistics.fmean(per_run) - half, statistics.fmean(per_run) + half]
         out.append({"row": names[key], "key": key, "against": names[other], "n": c["n"],
                     "difference": c["difference"], "ci95": c["ci95"], "mcnemar": c["mcnemar"],
-                    "per_run": per_run, "runs_ci95": runs_ci, "runs_ahead": sum(d > 0 for d in per_run)})
-    return out
+                    "per_run": per_run, "runs_ci95": runs_interval(per_run), "runs_ahead": sum(d > 0 for d in per_run)})
+    mean = pooled_rl_mean(workdirs, tables, episodes, names[BASELINE], samples=samples, seed=seed)
+    return out + ([mean] if mean is not None else [])
+
+
+def runs_interval(per_run: list[float]) -> list[float] | None:
+    """Returns the t interval of the runs' own differences (None for one run)."""
+    if len(per_run) < 2:
+        return None
+    half = T975[min(len(per_run), len(T975) + 1) - 2] * statistics.stdev(per_run) / math.sqrt(len(per_run))
+    return [statistics.fmean(per_run) - half, statistics.fmean(per_run) + half]
+
+
+def pooled_rl_mean(workdirs, tables: list[dict], episodes, against: str, *, samples: int, seed: int) -> dict | None:
+    """Returns pooled()'s comparison for RMSWeb - SFT averaged over each run's Salvage-DS seeds (the tables'
+    rl_mean; `episodes(run, key)` reads a row's episodes keyed by ("run/task", seed)); mcnemar is None (the pairs'
+    values are shares, not solved or not). None unless every table has rl_mean."""
+    from rmsweb_jax.evaluate.report import compare_mean_success
+    from rmsweb_jax.stages.table import BASELINE
+    means = [t.get("rl_mean") for t in tables]
+    if any(m is None for m in means):
+        return None
+    counts = [len(m["keys"]) for m in means]
+    if len(set(counts)) > 1:
+        raise UserError(f"the runs' tables average RMSWeb over {counts} Salvage-DS seeds: pool runs made with the "
+                        "same config.rl_seeds (" + ", ".join(map(str, workdirs)) + ")")
+    seed_runs, baseline, per_run = [{} for _ in range(counts[0])], {}, []
+    for run, m in enumerate(means):
+        run_seeds, run_baseline = [episodes(run, key) for key in m["keys"]], episodes(run, BASELINE)
+        per_run.append(compare_mean_success(run_seeds, run_baseline, bootstrap_samples=samples,
+                                            seed=seed)["difference"])
+        for merged, one in zip(seed_runs, run_seeds):
+            merged.update(one)
+        baseline.update(run_baseline)
+    c = compare_mean_success(seed_runs, baseline, bootstrap_samples=samples, seed=seed)
+    return {"row": f"RMSWeb, mean over {counts[0]} Salvage-DS seeds", "key": means[0]["key"], "against": against,
+            "n": c["n"], "difference": c["difference"], "ci95": c["ci95"], "mcnemar": None, "per_run": per_run,
+            "runs_ci95": runs_interval(per_run), "runs_ahead": sum(d > 0 for d in per_run)}
 
 
 def pooled_markdown(rows: list[dict], runs: int) -> str:
@@ -169,9 +203,11 @@ def pooled_markdown(rows: list[dict], runs: int) -> str:
              "| per run | t interval over the runs | runs ahead |", "|---" * 9 + "|"]
     for r in rows:
         ci, runs_ci = r["ci95"], r["runs_ci95"]
+        m = r["mcnemar"]
         lines.append(f"| {r['row']} | {r['against']} | {r['n']} | {100 * r['difference']:+.1f} pts | "
-                     f"{100 * ci[0]:+.1f} to {100 * ci[1]:+.1f} | {r['mcnemar']['p']:.3g} ({r['mcnemar']['b']} / "
-                     f"{r['mcnemar']['c']}) | " + ", ".join(f"{100 * d:+.1f}" for d in r["per_run"]) + " | "
+                     f"{100 * ci[0]:+.1f} to {100 * ci[1]:+.1f} | "
+                     + ("— (shares of runs)" if m is None else f"{m['p']:.3g} ({m['b']} / {m['c']})") + " | "
+                     + ", ".join(f"{100 * d:+.1f}" for d in r["per_run"]) + " | "
                      + ("—" if runs_ci is None else f"{100 * runs_ci[0]:+.1f} to {100 * runs_ci[1]:+.1f}")
                      + f" | {r['runs_ahead']} of {len(r['per_run'])} |")
     return "\n".join(lines) + "\n"

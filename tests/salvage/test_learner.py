@@ -70,8 +70,9 @@ class StandInActor:
         self.synced += 1
 
 
-def _learner(cls, states, tokenizer, *, gates="contrast_competence", anchor="all", total_steps=1):
+def _learner(cls, states, tokenizer, *, gates="contrast_competence", anchor="all", total_steps=1, **salvage):
     cfg = base_config().salvage
+    cfg.update(salvage)
     cfg.group_size, cfg.groups_per_step, cfg.max_draws_per_step = G, len(states), len(states)
     cfg.gates, cfg.anchor = gates, anchor
     prompts = StatePrompts(states, tokenizer, IMAGE_CONFIG, PROMPT)
@@ -113,6 +114,30 @@ def test_grpo_keeps_the_groups_the_gates_drop_and_builds_no_anchor_rows(states, 
     assert len(s_policy) == G * len(mixed) and len(s_anchors) == len(states) - len(mixed)
     assert len(g_policy) == G * len(states) and g_anchors == []
     assert all(row["anchor"] == 0.0 for row in g_policy)
+
+
+def test_grpo_is_salvage_ds_with_gates_none_when_advantages_are_standardised(states, tokenizer):
+    # Why the table has no separate GRPO row (stages/table.py): binary 1/0 and polarized +-1 rewards give the same
+    # standardised advantages (up to the std's epsilon), and with no gate rejecting a group the anchor never acts.
+    salvage = _learner(SalvageDSLearner, states, tokenizer, gates="none", anchor="all")
+    grpo = _learner(GRPOLearner, states, tokenizer)
+    s_draw, g_draw = salvage.gate(), grpo.gate()
+    assert not s_draw.rejected and not s_draw.anchored
+    s_adv = {g.state_index: g.advantages for g in s_draw.accepted}
+    g_adv = {g.state_index: g.advantages for g in g_draw.accepted}
+    assert set(s_adv) == set(g_adv) == set(range(len(states)))
+    for index, advantages in g_adv.items():
+        np.testing.assert_allclose(s_adv[index], advantages, atol=1e-4)
+    s_policy, s_anchors, _ = salvage.build_rows(s_draw)
+    g_policy, g_anchors, _ = grpo.build_rows(g_draw)
+    assert s_anchors == g_anchors == [] and len(s_policy) == len(g_policy)
+    # Without standardisation (config.salvage.std_normalize = False) they differ: +-1 doubles every advantage.
+    s_raw = _learner(SalvageDSLearner, states, tokenizer, gates="none", std_normalize=False).gate()
+    g_raw = _learner(GRPOLearner, states, tokenizer, std_normalize=False).gate()
+    for s_group, g_group in zip(s_raw.accepted, g_raw.accepted):
+        assert s_group.state_index == g_group.state_index
+        np.testing.assert_allclose(s_group.advantages, 2 * g_group.advantages, atol=1e-6)
+    assert any(np.abs(g.advantages).max() > 0 for g in g_raw.accepted)
 
 
 def test_grpo_ignores_the_gate_and_anchor_keys(states, tokenizer):

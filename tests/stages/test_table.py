@@ -5,6 +5,7 @@ collect -> sft -> mine -> salvage -> eval -> table in Chromium, then its rerun."
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 from configs.common import base_config
@@ -116,10 +117,11 @@ def test_the_salvage_summary_weights_each_logged_window_by_its_updates(tmp_path)
 
 def test_the_variants_change_only_their_fields_and_link_the_main_stages_they_read(tmp_path):
     config = base_config()
-    assert STAGES["table"] == "table" and config.ablations is False
+    assert STAGES["table"] == "table" and config.ablations == "" and config.rl_seeds == 0
     names = list(table.variants(config, tmp_path))
     assert names == ["plain_collect", "sft_first", "transfer"]
-    config.ablations, config.collect.viewer = True, True
+    config.ablations, config.collect.viewer = "all", True
+    config.salvage.loss.kl_beta = 0.1  # so that the KL-off row differs from the main run
     with pytest.raises(table.UserError, match="summary.json is missing: the table's rl_all_states ablation"):
         table.variants(config, tmp_path)
     (tmp_path / "mine").mkdir()
@@ -139,14 +141,73 @@ def test_the_variants_change_only_their_fields_and_link_the_main_stages_they_rea
     assert measure.data.store_dir == str(tmp_path / "store")
     for name, _, field, value in table.ABLATIONS:
         c, links = got[name]
-        assert c.stages == ("salvage", "eval") and c.salvage[field] == value and set(links) == {"sft", "mine"}
-        assert manifest.changed_fields(config.salvage.to_dict(), c.salvage.to_dict())[0].startswith(field)
+        assert c.stages == ("salvage", "eval") and set(links) == {"sft", "mine"}
+        changed = manifest.changed_fields(config.salvage.to_dict(), c.salvage.to_dict())
+        assert [x.split(" ")[0] for x in changed] == [field] and table._salvage_value(c, field) == value
     every, links = got["rl_all_states"]
     assert every.stages == ("mine", "salvage", "eval") and set(links) == {"sft"}
     # the mined set's size, drawn from all the training steps (stages/mine.py state_indices): no mining
     changed = manifest.changed_fields(config.mine.to_dict(), every.mine.to_dict())
     assert [c.split(" ")[0] for c in changed] == ["uniform_states"] and every.mine.uniform_states == 37
     assert every.train.optimizer.total_steps == config.train.optimizer.total_steps  # same number of updates
+
+
+def test_ablations_are_chosen_by_name_and_one_the_main_run_already_has_is_not_run(tmp_path):
+    config = base_config()
+    assert config.salvage.loss.kl_beta == 0.0 and config.salvage.anchor != "off"
+    config.ablations = "salvage_anchor_off, salvage_kl_off"
+    assert table.selected_ablations(config) == ("salvage_anchor_off", "salvage_kl_off")
+    ran, same = table.ablations_to_run(config)
+    assert [a[0] for a in ran] == ["salvage_anchor_off"] and [a[0] for a in same] == ["salvage_kl_off"]
+    assert list(table.variants(config, tmp_path))[3:] == ["salvage_anchor_off"]
+    for alias, want in (("True", table.ABLATION_NAMES), ("all", table.ABLATION_NAMES), ("False", ()), ("", ())):
+        config.ablations = alias
+        assert table.selected_ablations(config) == want
+    config.ablations = "salvage_anchor_off,rl_grpo"
+    with pytest.raises(table.UserError, match=r"config.ablations = 'salvage_anchor_off,rl_grpo': unknown row\(s\) "
+                                              r"\['rl_grpo'\]; expected \"all\", \"\" \(none\) or a comma-separated"):
+        table.check_config(config, tmp_path)
+
+
+def test_rl_seeds_rerun_salvage_with_only_its_seed_changed(tmp_path):
+    config = base_config()
+    config.salvage.seed, config.rl_seeds = 5, 2
+    got = table.variants(config, tmp_path)
+    assert list(got)[3:] == [f"{table.RL_SEED_PREFIX}6", f"{table.RL_SEED_PREFIX}7"]
+    for name, seed in ((f"{table.RL_SEED_PREFIX}6", 6), (f"{table.RL_SEED_PREFIX}7", 7)):
+        c, links = got[name]
+        assert c.stages == ("salvage", "eval") and c.eval.policies == "salvage" and set(links) == {"sft", "mine"}
+        changed = manifest.changed_fields(config.salvage.to_dict(), c.salvage.to_dict())
+        assert [x.split(" ")[0] for x in changed] == ["seed"] and c.salvage.seed == seed
+    config.rl_seeds = -1
+    with pytest.raises(table.UserError, match=r"config.rl_seeds = -1: expected an int >= 0"):
+        table.check_config(config, tmp_path)
+
+
+def test_rmsweb_averaged_over_its_salvage_ds_seeds_per_held_out_pair(tmp_path):
+    base = {(t, 0) for t in TASKS} | {("t0", 1)}                       # SFT solves 5 of 20
+    runs = [base | {("t1", 1), ("t2", 2)}, base - {("t3", 0)}, PAIRS]  # three Salvage-DS seeds
+    policies = [{"key": "sft", "row": table.ROWS["sft"], "id": "sft@x", "store_dir": _write(tmp_path / "sft", base, 2,
+                                                                                             "sft")}]
+    keys = ["rmsweb", f"{table.RL_SEED_PREFIX}1", f"{table.RL_SEED_PREFIX}2"]
+    for key, solved in zip(keys, runs):
+        policies.append({"key": key, "row": key, "id": f"{key}@x", "store_dir": _write(tmp_path / key, solved, 2, key)})
+    assert table.rl_mean(policies[:2], PAIRS, 0, bootstrap_samples=100, seed=0) is None  # one Salvage-DS run
+    got = table.rl_mean(policies, PAIRS, 0, bootstrap_samples=2000, seed=3)
+    order = sorted(PAIRS)
+    shares = [sum(k in r for r in runs) / 3 for k in order]
+    sft = [float(k in base) for k in order]
+    own = [(len(r) - len(base)) / 20 for r in runs]  # each run solves a superset or a subset of SFT's pairs
+    assert (got["keys"], got["seeds"], got["n"], got["runs"]) == (keys, [0, 1, 2], 20, 3)
+    assert got["difference"] == pytest.approx(np.mean(shares) - np.mean(sft)) == pytest.approx(np.mean(own))
+    assert got["per_run"] == pytest.approx(own) and got["per_run_sd"] == pytest.approx(np.std(own, ddof=1))
+    assert got["ci95"] == list(paired_bootstrap_interval(shares, sft, [t for t, _ in order], samples=2000, seed=3))
+    text = table.markdown({**_empty_table(), "rl_mean": got,
+                           "ablations_not_run": [{"row": "Salvage-DS, KL off (kl_beta 0)",
+                                                  "setting": "salvage.loss.kl_beta = 0.0"}]})
+    assert f"RMSWeb, mean over 3 Salvage-DS seeds (seeds 0, 1, 2; per held-out pair, the share of the runs that " \
+           f"solved it): {100 * np.mean(shares):.1f}% against 25.0%, **{100 * got['difference']:+.1f} pts**" in text
+    assert "Not run: Salvage-DS, KL off (kl_beta 0) (the main run already has salvage.loss.kl_beta = 0.0)." in text
 
 
 def _config():
@@ -326,3 +387,23 @@ def test_the_micro_pipeline_prints_the_table_every_figure_from_the_stores_and_a_
         "sft": True, "eval": True}
     assert json.loads((variants / "sft_first" / "stages.json").read_text())[0]["reason"].startswith(
         "input stage collect reran")
+
+    # One more Salvage-DS seed and one ablation: each its own salvage + eval from the main SFT export and states, a
+    # row of the table; RMSWeb - SFT averaged over the two Salvage-DS runs, per held-out pair.
+    config.rerun, config.rl_seeds, config.ablations = "", 1, "salvage_anchor_off"
+    run_stages(config, tmp_path)
+    assert _ran(tmp_path) == {**dict.fromkeys(config.stages, False), "table": True}
+    seed_run = f"{table.RL_SEED_PREFIX}{config.salvage.seed + 1}"
+    for name in (seed_run, "salvage_anchor_off"):
+        assert _ran(variants / name) == {"salvage": True, "eval": True}
+        assert links.read_links(variants / name) == {k: str(tmp_path / k) for k in ("sft", "mine")}
+    seed_config = manifest.read_manifest(variants / seed_run, "salvage")["config"]
+    assert seed_config["salvage"]["seed"] == config.salvage.seed + 1
+    got = json.loads((tmp_path / "demo_table.json").read_text())
+    rows = {r["key"]: r for r in got["policies"]["rows"]}
+    assert list(rows) == ["sft_first", "sft", "rmsweb", seed_run, "salvage_anchor_off"]
+    mean = got["rl_mean"]
+    assert mean["keys"] == ["rmsweb", seed_run] and mean["n"] == 2
+    assert mean["difference"] == pytest.approx((rows["rmsweb"]["vs_baseline"]["difference"]
+                                                + rows[seed_run]["vs_baseline"]["difference"]) / 2)
+    assert "RMSWeb, mean over 2 Salvage-DS seeds" in (tmp_path / "demo_table.md").read_text()

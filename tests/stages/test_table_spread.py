@@ -108,7 +108,7 @@ def _run_with_stores(root, outcomes):
         with store_writer(store, flush_every_tasks=3, policy=key) as writer:
             for (task, seed), ok in zip(TASKS, solved):
                 writer.add_group(retry_group(task, seed, solved_at=1 if ok else None, attempts=1, policy=key))
-        name = table.ROWS.get(key) or dict((a[0], a[1]) for a in table.ABLATIONS)[key]
+        name = table.ROWS.get(key) or dict((a[0], a[1]) for a in table.ABLATIONS).get(key, key)
         rows.append({"key": key, "row": name, "store_dir": str(store), "success": sum(solved) / len(solved),
                      "mean_steps_all_solved": 2.0, "vs_baseline": None})
     t = _table(0.6, 0.9, 0.3, 0.3, 2.0, 0.8, 0.5)
@@ -174,3 +174,47 @@ def test_pooled_counts_only_the_held_out_pairs_the_table_counted(tmp_path):
     assert r["n"] == 12
     assert r["difference"] == pytest.approx(np.concatenate(per_run).mean())
     assert r["per_run"] == pytest.approx([d.mean() for d in per_run])
+
+
+# Two runs with RMSWeb over three Salvage-DS seeds each (config.rl_seeds = 2): the table's rl_mean names the rows.
+RL_KEYS = ["rmsweb", f"{table.RL_SEED_PREFIX}1", f"{table.RL_SEED_PREFIX}2"]
+RL_OUTCOMES = [
+    {**OUTCOMES[0], RL_KEYS[1]: [0, 1, 0, 1, 1, 0, 0, 1, 1, 1], RL_KEYS[2]: [1, 0, 0, 0, 1, 1, 0, 0, 1, 0]},
+    {**OUTCOMES[1], RL_KEYS[1]: [0, 0, 1, 1, 1, 1, 1, 0, 0, 1], RL_KEYS[2]: [0, 0, 0, 0, 0, 1, 1, 0, 1, 1]},
+]
+
+
+def _rl_run(root, outcomes, keys=RL_KEYS):
+    d = _run_with_stores(root, outcomes)
+    path = pathlib.Path(d) / "demo_table.json"
+    t = json.loads(path.read_text())
+    t["rl_mean"] = {"key": table.RL_MEAN, "keys": list(keys)}
+    path.write_text(json.dumps(t))
+    return d
+
+
+def test_rmsweb_averaged_over_the_salvage_ds_seeds_is_pooled_per_pair(tmp_path, capsys):
+    dirs = [_rl_run(tmp_path / f"s{i}", o) for i, o in enumerate(RL_OUTCOMES)]
+    got = {r["key"]: r for r in table_spread.pooled(dirs, table_spread.read_tables(dirs), samples=20000)
+           if r["against"] == table.ROWS["sft"]}
+    r = got[table.RL_MEAN]
+    assert r["row"] == "RMSWeb, mean over 3 Salvage-DS seeds" and r["mcnemar"] is None
+    # per pair: the share of the run's three Salvage-DS runs that solved it, minus SFT's outcome
+    per_run = [np.mean([o[k] for k in RL_KEYS], axis=0) - np.asarray(o["sft"]) for o in RL_OUTCOMES]
+    assert r["n"] == 20 and r["difference"] == pytest.approx(np.concatenate(per_run).mean())
+    assert r["per_run"] == pytest.approx([d.mean() for d in per_run])
+    # it is the mean of the seeds' own rows, each of which is pooled against SFT too
+    assert r["difference"] == pytest.approx(np.mean([got[k]["difference"] for k in RL_KEYS]))
+    rng = np.random.default_rng(2)
+    strata = [d[:6] for d in per_run] + [d[6:] for d in per_run]
+    boots = sum(rng.choice(s, size=(20000, len(s))).sum(axis=1) for s in strata) / 20
+    assert r["ci95"] == pytest.approx(list(np.percentile(boots, [2.5, 97.5])), abs=0.015)
+    assert table_spread.main(dirs) == 0
+    assert "| RMSWeb, mean over 3 Salvage-DS seeds | SFT (reflection-collected data) | 20 |" in capsys.readouterr().out
+
+
+def test_runs_with_different_numbers_of_salvage_ds_seeds_are_not_pooled(tmp_path):
+    dirs = [_rl_run(tmp_path / "s0", RL_OUTCOMES[0]), _rl_run(tmp_path / "s1", RL_OUTCOMES[1], RL_KEYS[:2])]
+    with pytest.raises(UserError, match=r"average RMSWeb over \[3, 2\] Salvage-DS seeds: pool runs made with the "
+                                        r"same config.rl_seeds"):
+        table_spread.pooled(dirs, table_spread.read_tables(dirs), samples=100)

@@ -44,10 +44,16 @@ class ScriptedServer:
                     owner.in_flight += 1
                     owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
                 status, payload, headers, gate = owner.script[min(index, len(owner.script) - 1)]
+                counted = True
                 try:
                     if gate is not None:
                         gate.wait(WAIT_S)
                     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                    # Out of flight before the answer goes: once the client has read it, it may send the next
+                    # request, which must not find this one still counted (a race, not a leaked bound).
+                    with owner._lock:
+                        owner.in_flight -= 1
+                        counted = False
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
@@ -58,8 +64,9 @@ class ScriptedServer:
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
                     pass
                 finally:
-                    with owner._lock:
-                        owner.in_flight -= 1
+                    if counted:
+                        with owner._lock:
+                            owner.in_flight -= 1
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

@@ -1,8 +1,10 @@
 """The demo: RMSWeb's recipe end to end at toy scale, a policy trained from scratch on 2 CPU cores in minutes.
 
     python -m rmsweb_jax.main --config=configs/demo.py --workdir=/tmp/rmsweb_demo
-    python -m rmsweb_jax.main --config=configs/demo.py:1 ...   # run seed 1 (model init, data order, sampling,
-                                                               # the collector's draws and its training seeds)
+    python -m rmsweb_jax.main --config=configs/demo.py:1 ...   # run seed 1 (model init, the collector's draws and
+                                                               # its training seeds, the policies' sampling keys,
+                                                               # the grounding rows mixed into SFT; data.seed,
+                                                               # mine.seed and salvage.seed stay 0)
 
 Stages, each in its own folder of the workdir with a manifest (a rerun skips what is done):
 - `model`: the `random:demo` preset (Qwen3-VL's architecture at 355k parameters, the agent BPE tokenizer

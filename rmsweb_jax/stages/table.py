@@ -88,7 +88,7 @@ def selected_ablations(config) -> tuple[str, ...]:
     """Returns the ablation variants config.ablations names, in ABLATION_NAMES order; UserError names the key and
     the unknown names otherwise."""
     value = config.ablations
-    text = str(value).strip() if not isinstance(value, bool) else ("all" if value else "")
+    text = str(value).strip()
     if text.lower() in ("", "false"):
         return ()
     if text.lower() in ("all", "true"):
@@ -349,7 +349,7 @@ def build_table(config, workdir: pathlib.Path) -> dict:
     samples, seed = int(config.eval.bootstrap_samples), int(config.eval.bootstrap_seed)
     table = {"collection": collection,
              "policies": policy_rows(policies, pairs, bootstrap_samples=samples, seed=seed),
-             "rl_mean": rl_mean(policies, pairs, int(config.salvage.seed), bootstrap_samples=samples, seed=seed),
+             "rl_mean": rl_mean(policies, salvage_seeds(config), pairs, bootstrap_samples=samples, seed=seed),
              "mining": mining_summary(workdir / mine.NAME / "report.json"),
              "salvage": salvage_summary(workdir / salvage.NAME),
              "transfer": transfer_summary(vdir / "transfer" / transfer.NAME / "report.json"),
@@ -359,21 +359,26 @@ def build_table(config, workdir: pathlib.Path) -> dict:
     return table
 
 
-def rl_mean(policies: list[dict], pairs: set[tuple[str, int]] | None, main_seed: int, *, bootstrap_samples: int,
-            seed: int) -> dict | None:
-    """Returns RMSWeb - SFT averaged over the Salvage-DS runs that differ only in salvage.seed (the main "rmsweb"
-    row and the rl_seeds rows): compare_mean_success's figures with the runs' keys, seeds and the sample standard
-    deviation of their own differences; None without rl_seeds rows."""
-    runs = [p for p in policies if p["key"] == "rmsweb" or p["key"].startswith(RL_SEED_PREFIX)]
+def salvage_seeds(config) -> dict[str, int]:
+    """Returns {policy row key: its salvage.seed} of the Salvage-DS runs that differ only in that seed: the main
+    "rmsweb" row and the config.rl_seeds rows."""
+    return {"rmsweb": int(config.salvage.seed), **dict(rl_seed_variants(config))}
+
+
+def rl_mean(policies: list[dict], seeds: dict[str, int], pairs: set[tuple[str, int]] | None, *,
+            bootstrap_samples: int, seed: int) -> dict | None:
+    """Returns RMSWeb - SFT averaged over the Salvage-DS runs `seeds` names (salvage_seeds): compare_mean_success's
+    figures with the runs' keys, seeds and the sample standard deviation of their own differences; None for fewer
+    than two such rows."""
+    runs = [p for p in policies if p["key"] in seeds]
     if len(runs) < 2:
         return None
     baseline = next(p for p in policies if p["key"] == BASELINE)
     c = compare_mean_success([read_episodes(p["store_dir"], pairs) for p in runs],
                              read_episodes(baseline["store_dir"], pairs), bootstrap_samples=bootstrap_samples,
                              seed=seed)
-    seeds = [main_seed if p["key"] == "rmsweb" else int(p["key"][len(RL_SEED_PREFIX):]) for p in runs]
     return {"key": RL_MEAN, "row": f"RMSWeb, mean over {len(runs)} Salvage-DS seeds", "keys": [p["key"] for p in runs],
-            "seeds": seeds, **c, "per_run_sd": statistics.stdev(c["per_run"])}
+            "seeds": [seeds[p["key"]] for p in runs], **c, "per_run_sd": statistics.stdev(c["per_run"])}
 
 
 def check_config(config, workdir) -> None:

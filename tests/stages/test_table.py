@@ -192,8 +192,9 @@ def test_rmsweb_averaged_over_its_salvage_ds_seeds_per_held_out_pair(tmp_path):
     keys = ["rmsweb", f"{table.RL_SEED_PREFIX}1", f"{table.RL_SEED_PREFIX}2"]
     for key, solved in zip(keys, runs):
         policies.append({"key": key, "row": key, "id": f"{key}@x", "store_dir": _write(tmp_path / key, solved, 2, key)})
-    assert table.rl_mean(policies[:2], PAIRS, 0, bootstrap_samples=100, seed=0) is None  # one Salvage-DS run
-    got = table.rl_mean(policies, PAIRS, 0, bootstrap_samples=2000, seed=3)
+    seeds = dict(zip(keys, (0, 1, 2)))
+    assert table.rl_mean(policies[:2], seeds, PAIRS, bootstrap_samples=100, seed=0) is None  # one Salvage-DS run
+    got = table.rl_mean(policies, seeds, PAIRS, bootstrap_samples=2000, seed=3)
     order = sorted(PAIRS)
     shares = [sum(k in r for r in runs) / 3 for k in order]
     sft = [float(k in base) for k in order]

@@ -18,15 +18,17 @@ from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import qwen3_vl
 from rmsweb_jax.models.qwen3_vl.config import demo, tiny
 from rmsweb_jax.models.from_config import mesh_from_config, rules_from_config, runtime_from_config
-from rmsweb_jax.processing.agent_bpe import build_agent_bpe_tokenizer
+from rmsweb_jax.processing.agent_bpe import build_agent_bpe_coordinate_tokenizer, build_agent_bpe_tokenizer
 from rmsweb_jax.processing.byte_tokenizer import build_byte_tokenizer
 from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
 
 # Random presets a stage can start from, each with the tokenizer written beside its weights: 'tiny'
 # (tests: the tiny BPE), 'demo' (the demo's policy trained from scratch: the agent BPE, ~2.5x shorter
-# prompts than bytes) and 'demo_bytes' (the same model over one token per byte).
+# prompts than bytes), 'demo_bytes' (the same model over one token per byte) and 'demo_coords' (the agent
+# BPE with one token per coordinate value 0..1000, issue 26's last grounding lever).
 RANDOM_PRESETS = {"tiny": (tiny, build_tiny_tokenizer), "demo": (demo, build_agent_bpe_tokenizer),
-                  "demo_bytes": (functools.partial(demo, vocab_size=272), build_byte_tokenizer)}
+                  "demo_bytes": (functools.partial(demo, vocab_size=272), build_byte_tokenizer),
+                  "demo_coords": (functools.partial(demo, vocab_size=1792), build_agent_bpe_coordinate_tokenizer)}
 
 
 def load_model(config, workdir: pathlib.Path, *, devices=None) -> tuple[qwen3_vl.Qwen3VL, pathlib.Path]:

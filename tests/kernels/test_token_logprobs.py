@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kernels import token_logprobs as tl
@@ -54,8 +54,12 @@ def reference_fn(y, temperature, with_entropy):
 def assert_grads_close(got, expected, rtol):
     for name, a, b in zip(("d_hidden", "d_lm_head"), got, expected):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-        # V = 1: the reference's gradients are exactly 0 (log-softmax of one logit), the kernels' online softmax
-        # leaves fp32 rounding of 1 - p (~1e-7 x |W|); such are compared at rtol x 0.1 absolute.
+        if not np.abs(b).any():
+            # V = 1: the reference's gradients are exactly 0 (log-softmax of one logit); the kernels' online
+            # softmax leaves fp32 rounding of 1 - p per token (~1.2e-7), times |h| <= 4 and |c1| + |c2| <= 3,
+            # summed over up to 33 tokens: at most ~5e-5 (16 tokens gave 1.2e-6).
+            np.testing.assert_allclose(a, b, atol=max(rtol * 0.1, 5e-5), err_msg=name)
+            continue
         scale = max(float(np.abs(b).max()), 0.1)
         np.testing.assert_allclose(a / scale, b / scale, atol=rtol, err_msg=name)
 
@@ -167,6 +171,7 @@ def test_pallas_interpret_bf16_within_tolerance():
 @settings(max_examples=4, deadline=None)
 @given(t=st.integers(1, 30), d=st.sampled_from([8, 24]), v=st.integers(1, 400),
        with_entropy=st.booleans())
+@example(t=16, d=8, v=1, with_entropy=True)  # one logit: exact zeros against fp32 rounding (a make test run found it)
 def test_pallas_tpu_layout_random_shapes(t, d, v, with_entropy):
     h, w, y = make_inputs(t, d, v, seed=t + v)
     logp, ent = token_logprobs_tpu(h, w, y, temperature=0.9, return_entropy=with_entropy,

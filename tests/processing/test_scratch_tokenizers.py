@@ -7,12 +7,14 @@ import random
 import pytest
 
 from rmsweb_jax.collect.store_provenance import tokenizer_hash
-from rmsweb_jax.processing.agent_bpe import build_agent_bpe_tokenizer
+from rmsweb_jax.processing.agent_bpe import (COORDINATE_VALUES, build_agent_bpe_coordinate_tokenizer,
+                                             build_agent_bpe_tokenizer)
 from rmsweb_jax.processing.byte_tokenizer import build_byte_tokenizer
 from rmsweb_jax.processing.prompt_tokens import load_tokenizer
 from rmsweb_jax.processing.tiny_tokenizer import NON_SPECIAL_ADDED_TOKENS, SPECIAL_TOKENS
 
-BUILDERS = {"byte": build_byte_tokenizer, "agent_bpe": build_agent_bpe_tokenizer}
+BUILDERS = {"byte": build_byte_tokenizer, "agent_bpe": build_agent_bpe_tokenizer,
+            "agent_bpe_coords": build_agent_bpe_coordinate_tokenizer}
 
 
 @pytest.fixture(scope="module", params=sorted(BUILDERS))
@@ -43,7 +45,9 @@ def test_round_trip_and_added_tokens_in_qwens_order(built):
     for _ in range(50):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 40)))
         assert tokenizer.decode(_ids(tokenizer, text)) == text, (name, text)
-    first = ids["vocab_size"] - len(SPECIAL_TOKENS) - len(NON_SPECIAL_ADDED_TOKENS)
+    # The coordinate tokens come after Qwen's; the digits 0-9 among them were regular tokens already.
+    coordinates = COORDINATE_VALUES - 10 if name == "agent_bpe_coords" else 0
+    first = ids["vocab_size"] - len(SPECIAL_TOKENS) - len(NON_SPECIAL_ADDED_TOKENS) - coordinates
     for i, token in enumerate(SPECIAL_TOKENS + NON_SPECIAL_ADDED_TOKENS):
         assert tokenizer.convert_tokens_to_ids(token) == first + i and _ids(tokenizer, token) == [first + i]
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
@@ -62,15 +66,33 @@ def test_a_word_is_the_same_tokens_in_the_instruction_and_in_the_action(built, w
     assert tokenizer.decode(alone) == word
 
 
-def test_digits_are_single_tokens_and_the_agent_bpe_compresses_the_prompt_text(built):
+def test_a_coordinate_is_its_digits_or_one_token_and_the_agent_bpe_compresses_the_prompt_text(built):
     name, _, tokenizer = built
-    assert [tokenizer.decode([t]) for t in _ids(tokenizer, "[907, 15]")[1:4]] == ["9", "0", "7"]
+    pieces = [tokenizer.decode([t]) for t in _ids(tokenizer, "[907, 15]")]
+    if name == "agent_bpe_coords":
+        assert pieces == ["[", "907", ",", " ", "15", "]"]
+    else:
+        assert pieces[1:4] == ["9", "0", "7"]
     call = '<tool_call>\n{"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [48, 306]}}\n</tool_call>'
     n = len(_ids(tokenizer, call))
-    assert n <= 40 if name == "agent_bpe" else n == len(call.encode()) - len("<tool_call></tool_call>") + 2
+    assert n <= 40 if name.startswith("agent_bpe") else n == len(call.encode()) - len("<tool_call></tool_call>") + 2
 
 
-@pytest.mark.parametrize("preset, vocab", [("demo", 755), ("demo_bytes", 265)])
+def test_coordinate_tokens_match_whole_numbers_of_the_grid_only(tmp_path):
+    ids = build_agent_bpe_coordinate_tokenizer(tmp_path / "coords")
+    tokenizer = load_tokenizer(tmp_path / "coords")
+    assert ids == {**build_agent_bpe_tokenizer(tmp_path / "plain"), "vocab_size": ids["vocab_size"]}
+    assert ids["vocab_size"] == 755 + COORDINATE_VALUES - 10
+    for n in (0, 7, 10, 214, 999, 1000):
+        assert [tokenizer.decode([t]) for t in _ids(tokenizer, f"at [{n}, 3]")][2] == str(n)
+    # Outside the grid, or inside a word, a number is still its digits: a seed, a port, a word to type.
+    for text, digits in (("seed 100000", "100000"), ("DK340", "340"), ("localhost:8000", "8000")):
+        pieces = [tokenizer.decode([t]) for t in _ids(tokenizer, text)]
+        assert "".join(pieces) == text and all(len(p) == 1 for p in pieces if p.isdigit()), pieces
+        assert digits in text
+
+
+@pytest.mark.parametrize("preset, vocab", [("demo", 755), ("demo_bytes", 265), ("demo_coords", 1746)])
 def test_the_tokenizer_travels_with_the_checkpoint(tmp_path, preset, vocab):
     from configs.common import base_config
     from rmsweb_jax.models import qwen3_vl

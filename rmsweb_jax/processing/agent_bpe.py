@@ -97,7 +97,7 @@ def build_agent_bpe_tokenizer(out_dir: str | pathlib.Path) -> dict[str, int]:
     return save_qwen_style_tokenizer(bpe.get_vocab(), merges_of(bpe), out_dir)
 
 
-# The page grid's coordinates are 0..1000 (processing/chat.py's system prompt).
+# Qwen's relative page grid runs 0..1000 (web/actions.py; the agent prompt says so, agents/prompt.py).
 COORDINATE_VALUES = 1001
 
 

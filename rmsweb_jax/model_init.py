@@ -18,7 +18,7 @@ from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import qwen3_vl
 from rmsweb_jax.models.qwen3_vl.config import demo, tiny
 from rmsweb_jax.models.from_config import mesh_from_config, rules_from_config, runtime_from_config
-from rmsweb_jax.processing.agent_bpe import build_agent_bpe_coordinate_tokenizer, build_agent_bpe_tokenizer
+from rmsweb_jax.processing.agent_bpe import build_agent_bpe_tokenizer
 from rmsweb_jax.processing.byte_tokenizer import build_byte_tokenizer
 from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
 
@@ -28,7 +28,8 @@ from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
 # BPE with one token per coordinate value 0..1000, issue 26's last grounding lever).
 RANDOM_PRESETS = {"tiny": (tiny, build_tiny_tokenizer), "demo": (demo, build_agent_bpe_tokenizer),
                   "demo_bytes": (functools.partial(demo, vocab_size=272), build_byte_tokenizer),
-                  "demo_coords": (functools.partial(demo, vocab_size=1792), build_agent_bpe_coordinate_tokenizer)}
+                  "demo_coords": (functools.partial(demo, vocab_size=1792),
+                                  functools.partial(build_agent_bpe_tokenizer, coordinate_tokens=True))}
 
 
 def load_model(config, workdir: pathlib.Path, *, devices=None) -> tuple[qwen3_vl.Qwen3VL, pathlib.Path]:

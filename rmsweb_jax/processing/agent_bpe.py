@@ -21,7 +21,6 @@ import random
 
 import tokenizers
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import AutoTokenizer
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
 from rmsweb_jax.processing.tiny_tokenizer import merges_of, save_qwen_style_tokenizer
@@ -90,33 +89,20 @@ def _trained_bpe() -> tokenizers.Tokenizer:
     return bpe
 
 
-def build_agent_bpe_tokenizer(out_dir: str | pathlib.Path) -> dict[str, int]:
-    """Returns the special-token ids and total vocab size of the agent BPE saved in out_dir (at most
-    REGULAR_VOCAB_SIZE + 9 ids; a model used with it needs `vocab_size >= result["vocab_size"]`)."""
-    bpe = _trained_bpe()
-    return save_qwen_style_tokenizer(bpe.get_vocab(), merges_of(bpe), out_dir)
-
-
 # Qwen's relative page grid runs 0..1000 (web/actions.py; the agent prompt says so, agents/prompt.py).
 COORDINATE_VALUES = 1001
 
 
-def build_agent_bpe_coordinate_tokenizer(out_dir: str | pathlib.Path) -> dict[str, int]:
-    """Returns the ids of the agent BPE with one token per coordinate value, saved in out_dir.
+def build_agent_bpe_tokenizer(out_dir: str | pathlib.Path, *, coordinate_tokens: bool = False) -> dict[str, int]:
+    """Returns the special-token ids and total vocab size of the agent BPE saved in out_dir (at most
+    REGULAR_VOCAB_SIZE + 9 ids, and COORDINATE_VALUES - 10 more with coordinate_tokens; a model used with it needs `vocab_size >= result["vocab_size"]`).
 
-    Every whole number 0..1000 is an added token that matches only as a word of its own
-    (`single_word`), so "[214, 352]" is 2 number tokens where the plain agent BPE spends 6 digits,
-    while "100000" (a seed) or "DK340" (a word to type) still split into digits and bytes. The
-    added tokens come after Qwen's, so the special-token ids are the plain agent BPE's; the
-    digits 0..9 keep their regular ids."""
-    ids = build_agent_bpe_tokenizer(out_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
-    tokenizer.add_tokens([AddedToken(str(n), special=False, normalized=False, single_word=True)
-                          for n in range(COORDINATE_VALUES)])
-    tokenizer.save_pretrained(str(out_dir))
-    reloaded = AutoTokenizer.from_pretrained(str(out_dir))
-    for key in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
-                "im_start_token_id"):
-        if reloaded.convert_tokens_to_ids(tokenizer.convert_ids_to_tokens(ids[key])) != ids[key]:
-            raise RuntimeError(f"coordinate tokens moved {key} in {out_dir}")
-    return {**ids, "vocab_size": len(reloaded)}
+    coordinate_tokens adds one token per coordinate value: every whole number 0..1000 becomes an added
+    token that matches only as a word of its own (`single_word`), so "[214, 352]" is 2 number tokens
+    where the plain agent BPE spends 6 digits, while "100000" (a seed) or "DK340" (a word to type) still
+    split into digits and bytes. They come after Qwen's added tokens, so the special-token ids stay the
+    plain agent BPE's; the digits 0..9 keep their regular ids."""
+    bpe = _trained_bpe()
+    numbers = tuple(AddedToken(str(n), special=False, normalized=False, single_word=True)
+                    for n in range(COORDINATE_VALUES)) if coordinate_tokens else ()
+    return save_qwen_style_tokenizer(bpe.get_vocab(), merges_of(bpe), out_dir, extra_tokens=numbers)

@@ -1,5 +1,6 @@
 """Tokenizers for models trained from scratch (byte-level, agent BPE): exact copying, Qwen's added tokens
 and chat template, and that they travel with the checkpoint (random preset -> export -> ChatModel.load)."""
+import functools
 import json
 import pathlib
 import random
@@ -7,14 +8,13 @@ import random
 import pytest
 
 from rmsweb_jax.collect.store_provenance import tokenizer_hash
-from rmsweb_jax.processing.agent_bpe import (COORDINATE_VALUES, build_agent_bpe_coordinate_tokenizer,
-                                             build_agent_bpe_tokenizer)
+from rmsweb_jax.processing.agent_bpe import COORDINATE_VALUES, build_agent_bpe_tokenizer
 from rmsweb_jax.processing.byte_tokenizer import build_byte_tokenizer
 from rmsweb_jax.processing.prompt_tokens import load_tokenizer
 from rmsweb_jax.processing.tiny_tokenizer import NON_SPECIAL_ADDED_TOKENS, SPECIAL_TOKENS
 
 BUILDERS = {"byte": build_byte_tokenizer, "agent_bpe": build_agent_bpe_tokenizer,
-            "agent_bpe_coords": build_agent_bpe_coordinate_tokenizer}
+            "agent_bpe_coords": functools.partial(build_agent_bpe_tokenizer, coordinate_tokens=True)}
 
 
 @pytest.fixture(scope="module", params=sorted(BUILDERS))
@@ -79,7 +79,7 @@ def test_a_coordinate_is_its_digits_or_one_token_and_the_agent_bpe_compresses_th
 
 
 def test_coordinate_tokens_match_whole_numbers_of_the_grid_only(tmp_path):
-    ids = build_agent_bpe_coordinate_tokenizer(tmp_path / "coords")
+    ids = build_agent_bpe_tokenizer(tmp_path / "coords", coordinate_tokens=True)
     tokenizer = load_tokenizer(tmp_path / "coords")
     assert ids == {**build_agent_bpe_tokenizer(tmp_path / "plain"), "vocab_size": ids["vocab_size"]}
     assert ids["vocab_size"] == 755 + COORDINATE_VALUES - 10

@@ -1,6 +1,6 @@
 """Decode steps over the per-layer weight layout (models/qwen3_vl/decode.py) give the stacked path's logits
-and cache, for every shape family of the parity tests, on the one-row (dot) and several-row (multiply-reduce)
-products."""
+and cache, for every shape family of the parity tests, with both products of a few rows by a matrix (XLA's dot over
+[in, out] matrices; the fused multiply-reduce over [out, in], and its one-row dot), whichever this host takes."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,8 +33,9 @@ def _prompt(cfg, batch: int, rng):
     return prepare_inputs(cfg, ids, attention_mask=mask, **kw)
 
 
+@pytest.mark.parametrize("fused_rows", [False, True], ids=["dot", "fused"])
 @pytest.mark.parametrize("case,batch", [(c, 3) for c in sorted(CASES)] + [("gqa_untied", 1)])
-def test_per_layer_steps_equal_stacked_steps(case, batch):
+def test_per_layer_steps_equal_stacked_steps(case, batch, fused_rows):
     cfg = tiny(**CASES[case])
     model = create(cfg, seed=7)
     inputs = _prompt(cfg, batch, np.random.default_rng(batch))
@@ -47,7 +48,7 @@ def test_per_layer_steps_equal_stacked_steps(case, batch):
         hidden, cache = m.hidden_states(inputs, cache)
         first = jnp.argmax(m.logits(hidden[:, -1:])[:, 0], axis=-1).astype(jnp.int32)
         next_pos = jnp.max(inputs.position_ids, axis=(0, 2)) + 1
-        weights, step_cache = decode.step_weights(m.text), decode.step_cache(cache)
+        weights, step_cache = decode.step_weights(m.text, fused_rows), decode.step_cache(cache)
         stacked, per_layer, tok = [], [], (first, first)
         for step in range(2):
             pos = jnp.broadcast_to((next_pos + step)[None, :, None], (3, batch, 1)).astype(jnp.int32)
@@ -72,19 +73,27 @@ def test_per_layer_steps_equal_stacked_steps(case, batch):
     assert int(step_cache.index) == int(cache.index)
 
 
-def test_step_weights_are_out_by_in_copies():
-    cfg = tiny()
+@pytest.mark.parametrize("tied", [False, True])
+def test_step_weights_are_out_by_in_for_the_fused_product_else_in_by_out(tied):
+    cfg = tiny(tie_word_embeddings=tied)
     model = create(cfg, seed=1)
-    w = decode.step_weights(model.text)
     t = cfg.text
     qkv = (t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim
-    assert len(w.layers) == t.num_hidden_layers
-    assert w.layers[0]["qkv"].shape == (qkv, t.hidden_size)
-    assert w.layers[0]["o"].shape == (t.hidden_size, t.num_attention_heads * t.head_dim)
-    assert w.layers[0]["gate_up"].shape == (2 * t.intermediate_size, t.hidden_size)
-    assert w.layers[0]["down"].shape == (t.hidden_size, t.intermediate_size)
-    assert w.head.shape == (t.vocab_size, t.hidden_size)
-    np.testing.assert_array_equal(np.asarray(w.layers[1]["down"]), np.asarray(model.text.down_kernel[1]).T)
+    head = np.asarray(model.text.embed[...] if tied else model.text.lm_head[...].T)  # [V, D]
+    for fused_rows in (True, False):
+        w = decode.step_weights(model.text, fused_rows)
+        assert w.fused_rows is fused_rows and len(w.layers) == t.num_hidden_layers
+        shapes = {"qkv": (qkv, t.hidden_size), "o": (t.hidden_size, t.num_attention_heads * t.head_dim),
+                  "gate_up": (2 * t.intermediate_size, t.hidden_size), "down": (t.hidden_size, t.intermediate_size)}
+        flip = (lambda shape: shape) if fused_rows else (lambda shape: shape[::-1])
+        for name, shape in shapes.items():
+            assert w.layers[0][name].shape == flip(shape), (fused_rows, name)
+        down = np.asarray(model.text.down_kernel[1])  # [I, D]
+        np.testing.assert_array_equal(np.asarray(w.layers[1]["down"]), down.T if fused_rows else down)
+        np.testing.assert_array_equal(np.asarray(w.head), head if fused_rows else head.T)
+        gate_up = np.concatenate([np.asarray(model.text.gate_kernel[0]), np.asarray(model.text.up_kernel[0])], 1)
+        np.testing.assert_array_equal(np.asarray(w.layers[0]["gate_up"]), gate_up.T if fused_rows else gate_up)
+    assert decode.step_weights(model.text).fused_rows is decode.fused_rows_default()
 
 
 def test_decode_layout_resolution_and_bad_values(monkeypatch):

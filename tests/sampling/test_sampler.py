@@ -136,6 +136,28 @@ def test_greedy_token_is_the_first_argmax_with_its_log_softmax():
     np.testing.assert_allclose(np.asarray(lp), want, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", [(False, False, False), (False, True, True), None])
+def test_sampled_tokens_are_jax_categoricals_for_the_same_keys(mode):
+    """The draw is jax.random.categorical's (Gumbel noise + logits, first index of the max), per-row keys and one
+    key; ties, suppressed (-inf) tokens and a temperature other than 1 included."""
+    rng = np.random.default_rng(11)
+    logits = rng.standard_normal((64, 257)).astype(np.float32) * 3
+    logits[:, [3, 100]] = -np.inf  # suppressed
+    logits[5] = 0.25                # a flat row: every index ties before the noise
+    logits = jnp.asarray(logits)
+    row_keys_ = jax.random.split(jax.random.key(4), 64)
+    temperature, top_p, top_k = jnp.float32(0.7), jnp.float32(1.0), jnp.int32(0)
+    tok, lp = sample_token(logits, row_keys_, temperature, top_p, top_k, mode=mode)
+    want = jax.vmap(jax.random.categorical)(row_keys_, logits / 0.7)
+    np.testing.assert_array_equal(np.asarray(tok), np.asarray(want))
+    np.testing.assert_allclose(np.asarray(lp), np.asarray(jax.nn.log_softmax(logits / 0.7))[np.arange(64), want],
+                               atol=1e-6)
+    assert not np.isin(np.asarray(tok), [3, 100]).any()
+    one, _ = sample_token(logits, jax.random.key(9), temperature, top_p, top_k, mode=mode)
+    np.testing.assert_array_equal(np.asarray(one), np.asarray(jax.random.categorical(jax.random.key(9),
+                                                                                     logits / 0.7, axis=-1)))
+
+
 @pytest.mark.parametrize("layout", ["per_layer", "stacked"])
 def test_updated_parameters_reach_every_decode_step(checkpoint, layout):
     _, d = checkpoint

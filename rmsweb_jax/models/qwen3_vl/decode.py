@@ -3,14 +3,16 @@
 A decode step multiplies a few rows (the batch) by every weight matrix once: its time is the time to
 stream the weights from memory. Three things slow that stream on XLA:CPU with the training layout:
 slicing each layer out of the stacked parameters inside the decode loop copies every layer's weights
-on every step; XLA's dot kernels stream an [in, out] kernel at 5-10 GB/s here; and the stacked cache is
+on every step; on some hosts XLA's dot kernels stream a few rows' products slowly; and the stacked cache is
 transposed to heads-major in every layer of every step.
 
-So `step_weights` copies each layer's kernels out of the stack as [out, in] matrices (q/k/v fused into
-one, gate/up into one; the Sampler makes this copy once per set of weights, again when a parameter
-changes), and `step_cache` turns the prefill's stacked cache into one heads-major [B, KVH, S, hd] buffer per layer,
-written in place in the decode loop. Each product of a few rows with an [out, in] matrix is then a
-multiply fused into a row reduction, which XLA:CPU streams at 11-18 GB/s (`_rows_dot`).
+So `step_weights` copies each layer's kernels out of the stack as 2-D matrices (q/k/v fused into one,
+gate/up into one; the Sampler makes this copy once per set of weights, again when a parameter changes), and
+`step_cache` turns the prefill's stacked cache into one heads-major [B, KVH, S, hd] buffer per layer, written in
+place in the decode loop. How a few rows are multiplied by those matrices depends on the host (`_rows_dot`,
+`fused_rows_default`): on the AVX-512 host XLA's dot over [in, out] matrices streams the LM head at ~19 GB/s,
+3x the fused product; on the AVX2 host it was measured on first, a multiply fused into a row reduction over
+[out, in] matrices streamed at 11-18 GB/s against the dot's 5-10.
 `step_logits(step_hidden(...))` gives the stacked path's logits up to summation order (tested).
 
 Cost: a second copy of the text weights, held by the Sampler. `RuntimeOptions.decode_layout` chooses:
@@ -20,6 +22,8 @@ config; on TPU/GPU the compiler picks layouts itself and a second copy of an 8B 
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from typing import NamedTuple
 
@@ -36,11 +40,16 @@ _FUSED_GEMV = jax.__version_info__ >= (0, 10)
 AUTO_MAX_COPY_BYTES = 2 << 30
 
 
-class StepWeights(NamedTuple):
-    """Text weights for decode steps: per-layer [out, in] matrices and the [V, D] output projection."""
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["layers", "final_norm", "head"],
+                   meta_fields=["fused_rows"])
+@dataclasses.dataclass(frozen=True)
+class StepWeights:
+    """Text weights for decode steps: per-layer matrices and the output projection, [out, in] when `fused_rows`
+    (products of a few rows run as a multiply fused into a row reduction), else [in, out] (XLA's dot)."""
     layers: tuple[dict[str, jax.Array], ...]  # qkv [(H+2KVH)*hd, D], o [D, H*hd], gate_up [2I, D], down [D, I], norms
     final_norm: jax.Array                     # [D]
-    head: jax.Array                           # [V, D]
+    head: jax.Array                           # [V, D]  (each matrix transposed when not fused_rows)
+    fused_rows: bool = False                  # static: the layout and the product `_rows_dot` runs
 
 
 class StepCache(NamedTuple):
@@ -72,25 +81,53 @@ def copy_bytes(text) -> int:
     return n * jnp.dtype(DTYPES[text.runtime.compute_dtype]).itemsize
 
 
-def step_weights(text) -> StepWeights:
-    """Returns copies of a TextDecoder's weights in the decode-step layout (call inside the jitted program)."""
-    cfg, dt = text.cfg, DTYPES[text.runtime.compute_dtype]
+@functools.cache
+def fused_rows_default() -> bool:
+    """Returns whether this host multiplies a few rows by a matrix faster as a fused multiply-reduce than as XLA's dot.
 
-    def rows(kernel, n_in=1):  # [in..., out...] -> [out, in]
-        return kernel.astype(dt).reshape(math.prod(kernel.shape[:n_in]), -1).T
+    Measured with jaxlib 0.10.2 in decode loops at 8 rows (bench/decode_split.py, bench/README.md): on the 2-core
+    AMD EPYC with AVX-512 the dot over [in, out] streams the LM head [32000, 512] in 3.5 ms against the fused
+    product's 10.7 (the text layers take the same time either way); on the AVX2 EPYC of earlier sessions the fused
+    product was ~2x faster (5.7 against 12.5 ms). So the fused product is kept where AVX2 is present and AVX-512 is
+    not, on jaxlib 0.10 and newer (older jaxlibs run it ~10x slower). Not measured: other AVX-512 CPUs, ARM hosts
+    (they take the dot)."""
+    if not _FUSED_GEMV:
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:  # not Linux: the dot
+        return False
+    return " avx2" in flags and " avx512f" not in flags
+
+
+def step_weights(text, fused_rows: bool | None = None) -> StepWeights:
+    """Returns copies of a TextDecoder's weights in the decode-step layout (call inside the jitted program).
+    `fused_rows`: the layout and product (StepWeights); None: this host's faster one (fused_rows_default)."""
+    cfg, dt = text.cfg, DTYPES[text.runtime.compute_dtype]
+    fused_rows = fused_rows_default() if fused_rows is None else fused_rows
+
+    def rows(kernel, n_in=1):  # [in..., out...] -> [out, in] (fused rows) or [in, out]
+        matrix = kernel.astype(dt).reshape(math.prod(kernel.shape[:n_in]), -1)
+        return matrix.T if fused_rows else matrix
 
     layers = []
     for i in range(cfg.num_hidden_layers):
         layers.append({
-            "qkv": jnp.concatenate([rows(text.q_kernel[i]), rows(text.k_kernel[i]), rows(text.v_kernel[i])]),
+            "qkv": jnp.concatenate([rows(text.q_kernel[i]), rows(text.k_kernel[i]), rows(text.v_kernel[i])],
+                                   axis=0 if fused_rows else 1),
             "o": rows(text.o_kernel[i], n_in=2),
-            "gate_up": jnp.concatenate([rows(text.gate_kernel[i]), rows(text.up_kernel[i])]),
+            "gate_up": jnp.concatenate([rows(text.gate_kernel[i]), rows(text.up_kernel[i])],
+                                       axis=0 if fused_rows else 1),
             "down": rows(text.down_kernel[i]),
             "input_norm": text.input_norm[i], "post_attention_norm": text.post_attention_norm[i],
             "q_norm": text.q_norm[i], "k_norm": text.k_norm[i],
         })
-    head = text.embed[...].astype(dt) if text.lm_head is None else rows(text.lm_head[...])
-    return StepWeights(tuple(layers), text.final_norm[...], head)
+    if text.lm_head is None:  # tied: the embedding [V, D] is the head's [out, in]
+        head = text.embed[...].astype(dt) if fused_rows else text.embed[...].astype(dt).T
+    else:
+        head = rows(text.lm_head[...])
+    return StepWeights(tuple(layers), text.final_norm[...], head, fused_rows)
 
 
 def step_cache(cache: KVCache) -> StepCache:
@@ -100,16 +137,16 @@ def step_cache(cache: KVCache) -> StepCache:
     return StepCache(k, v, cache.segment_ids, cache.index)
 
 
-def _rows_dot(x: jax.Array, w: jax.Array) -> jax.Array:
-    """Returns x [N, in] times w [out, in] transposed, as [N, out], accumulated in fp32.
+def _rows_dot(x: jax.Array, w: jax.Array, fused_rows: bool) -> jax.Array:
+    """Returns x [N, in] times w, as [N, out], accumulated in fp32: w is [out, in] when `fused_rows`, else [in, out].
 
-    For 2-64 rows the product is written as a multiply fused into a row reduction over `in`: XLA:CPU
-    streams w through that fusion at 11-18 GB/s on the bench machine against 5-10 GB/s through its dot
-    kernels (measured in a decode-like loop: LM head [32000, 512] 5.7 vs 12.5 ms at 8 rows). For one row
-    the dot's matrix-vector kernel is faster, and from ~64 rows on the GEMM is. The fusion is fast because
-    XLA:CPU hands it to YNNPACK (jaxlib 0.10 here); older jaxlibs run it ~10x slower, so they keep the dot.
+    With `fused_rows` and 2-64 rows the product is written as a multiply fused into a row reduction over `in`,
+    which XLA:CPU hands to YNNPACK; for one row the dot's matrix-vector kernel is faster, and from ~64 rows on
+    the GEMM is. Which of the two layouts is faster depends on the host: fused_rows_default.
     """
-    if _FUSED_GEMV and 2 <= x.shape[0] <= 64:
+    if not fused_rows:
+        return jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(x.dtype)
+    if 2 <= x.shape[0] <= 64:
         prod = w.astype(jnp.float32)[:, None, :] * x.astype(jnp.float32)[None, :, :]  # fused, never stored
         return jnp.sum(prod, axis=-1).T.astype(x.dtype)
     y = jax.lax.dot_general(w, x.astype(w.dtype), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -138,7 +175,7 @@ def step_hidden(text, weights: StepWeights, cache: StepCache, tokens: jax.Array,
     ks, vs = list(cache.k), list(cache.v)
     for i, p in enumerate(weights.layers):
         y = rms_norm(x, p["input_norm"], cfg.rms_norm_eps)
-        qkv = _rows_dot(y, p["qkv"])
+        qkv = _rows_dot(y, p["qkv"], weights.fused_rows)
         q = qkv[:, :h * hd].reshape(b, 1, h, hd)
         k = qkv[:, h * hd:(h + kvh) * hd].reshape(b, 1, kvh, hd)
         v = qkv[:, (h + kvh) * hd:].reshape(b, kvh, 1, hd)
@@ -158,14 +195,14 @@ def step_hidden(text, weights: StepWeights, cache: StepCache, tokens: jax.Array,
             own = softmax_part(logits, visible, vs[i].astype(dt))
             shared = prefix_part(qh.astype(dt), prefix.k[i], prefix.v[i], prefix.segment_ids, scale)
             o = merge_parts(shared, own).reshape(b, h * hd)
-        x = x + _rows_dot(o, p["o"])
+        x = x + _rows_dot(o, p["o"], weights.fused_rows)
         y = rms_norm(x, p["post_attention_norm"], cfg.rms_norm_eps)
-        gate, up = jnp.split(_rows_dot(y, p["gate_up"]), 2, axis=-1)
-        x = x + _rows_dot(jax.nn.silu(gate) * up, p["down"])
+        gate, up = jnp.split(_rows_dot(y, p["gate_up"], weights.fused_rows), 2, axis=-1)
+        x = x + _rows_dot(jax.nn.silu(gate) * up, p["down"], weights.fused_rows)
     x = rms_norm(x, weights.final_norm, cfg.rms_norm_eps)
     return x, StepCache(tuple(ks), tuple(vs), seg, index + 1)
 
 
 def step_logits(weights: StepWeights, hidden: jax.Array) -> jax.Array:
     """Returns fp32 logits [B, V] from final hidden states [B, D]."""
-    return _rows_dot(hidden.astype(jnp.float32), weights.head)
+    return _rows_dot(hidden.astype(jnp.float32), weights.head, weights.fused_rows)

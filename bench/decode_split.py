@@ -73,12 +73,17 @@ def main():
             times.append(time.perf_counter() - start)
         return 1000 * float(np.median(times)) / STEPS
 
+    def in_slots(step_cache):  # the loop writes the cache's last slot again past its end, at the same cost
+        return step_cache._replace(index=jnp.minimum(step_cache.index, step_cache.segment_ids.shape[1] - 1))
+
+    def sample(logits, i):  # the sampler's draw at temperature 1, no top-k / top-p, one key per row
+        return sample_token(logits, row_keys(jax.random.fold_in(jax.random.key(0), i), rows), jnp.float32(1.0),
+                            jnp.float32(1.0), jnp.int32(0), mode=(False, False, False))
+
     def hidden(shared):
         def body(text, weights, i, carry):
             step_cache, total = carry
-            # Stay inside the cache's slots: the loop writes the same last slots again, at the same cost.
-            step_cache = step_cache._replace(index=jnp.minimum(step_cache.index, step_cache.segment_ids.shape[1] - 1))
-            x, step_cache = decode.step_hidden(text, weights, step_cache, rows + i, positions + i, shared)
+            x, step_cache = decode.step_hidden(text, weights, in_slots(step_cache), rows + i, positions + i, shared)
             return step_cache, total + x.sum()  # all of x: XLA would drop work a slice does not need
         return body
 
@@ -88,19 +93,14 @@ def main():
     def whole_step(shared):  # the three parts in one loop, the next step's tokens drawn by this one
         def body(text, weights, i, carry):
             step_cache, tokens = carry
-            step_cache = step_cache._replace(index=jnp.minimum(step_cache.index, step_cache.segment_ids.shape[1] - 1))
-            x, step_cache = decode.step_hidden(text, weights, step_cache, tokens, positions + i, shared)
-            token, _ = sample_token(decode.step_logits(weights, x), row_keys(jax.random.fold_in(jax.random.key(0), i),
-                                                                             rows), jnp.float32(1.0), jnp.float32(1.0),
-                                    jnp.int32(0), mode=(False, False, False))
-            return step_cache, token
+            x, step_cache = decode.step_hidden(text, weights, in_slots(step_cache), tokens, positions + i, shared)
+            return step_cache, sample(decode.step_logits(weights, x), i)[0]
         return body
 
     logits = jnp.asarray(rng.standard_normal((GROUP, cfg.vocab_size)), jnp.float32)
 
     def draw(text, weights, i, total):
-        token, logprob = sample_token(logits + total, row_keys(jax.random.fold_in(jax.random.key(0), i), rows),
-                                      jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0), mode=(False, False, False))
+        token, logprob = sample(logits + total, i)
         return total + 1e-9 * (token.sum() + logprob.sum())
 
     def categorical_draw(text, weights, i, total):  # the sampler's draw before: jax.random.categorical

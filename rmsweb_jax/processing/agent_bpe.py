@@ -95,7 +95,8 @@ COORDINATE_VALUES = 1001
 
 def build_agent_bpe_tokenizer(out_dir: str | pathlib.Path, *, coordinate_tokens: bool = False) -> dict[str, int]:
     """Returns the special-token ids and total vocab size of the agent BPE saved in out_dir (at most
-    REGULAR_VOCAB_SIZE + 9 ids, and COORDINATE_VALUES - 10 more with coordinate_tokens; a model used with it needs `vocab_size >= result["vocab_size"]`).
+    REGULAR_VOCAB_SIZE + 9 ids, and COORDINATE_VALUES - 10 more with coordinate_tokens; a model used with it
+    needs `vocab_size >= result["vocab_size"]`).
 
     coordinate_tokens adds one token per coordinate value: every whole number 0..1000 becomes an added
     token that matches only as a word of its own (`single_word`), so "[214, 352]" is 2 number tokens

@@ -9,10 +9,8 @@ transposed to heads-major in every layer of every step.
 So `step_weights` copies each layer's kernels out of the stack as 2-D matrices (q/k/v fused into one,
 gate/up into one; the Sampler makes this copy once per set of weights, again when a parameter changes), and
 `step_cache` turns the prefill's stacked cache into one heads-major [B, KVH, S, hd] buffer per layer, written in
-place in the decode loop. How a few rows are multiplied by those matrices depends on the host (`_rows_dot`,
-`fused_rows_default`): on the AVX-512 host XLA's dot over [in, out] matrices streams the LM head at ~19 GB/s,
-3x the fused product; on the AVX2 host it was measured on first, a multiply fused into a row reduction over
-[out, in] matrices streamed at 11-18 GB/s against the dot's 5-10.
+place in the decode loop. How a few rows are multiplied by those matrices, and so their layout, depends on the
+host (`_rows_dot`; `fused_rows_default` says which and why).
 `step_logits(step_hidden(...))` gives the stacked path's logits up to summation order (tested).
 
 Cost: a second copy of the text weights, held by the Sampler. `RuntimeOptions.decode_layout` chooses:
@@ -48,7 +46,7 @@ class StepWeights:
     (products of a few rows run as a multiply fused into a row reduction), else [in, out] (XLA's dot)."""
     layers: tuple[dict[str, jax.Array], ...]  # qkv [(H+2KVH)*hd, D], o [D, H*hd], gate_up [2I, D], down [D, I], norms
     final_norm: jax.Array                     # [D]
-    head: jax.Array                           # [V, D]  (each matrix transposed when not fused_rows)
+    head: jax.Array                           # [V, D]
     fused_rows: bool = False                  # static: the layout and the product `_rows_dot` runs
 
 
@@ -107,26 +105,21 @@ def step_weights(text, fused_rows: bool | None = None) -> StepWeights:
     cfg, dt = text.cfg, DTYPES[text.runtime.compute_dtype]
     fused_rows = fused_rows_default() if fused_rows is None else fused_rows
 
-    def rows(kernel, n_in=1):  # [in..., out...] -> [out, in] (fused rows) or [in, out]
-        matrix = kernel.astype(dt).reshape(math.prod(kernel.shape[:n_in]), -1)
+    def rows(*kernels, n_in=1):  # [in..., out...] each -> one [in, sum of outs], as [out, in] for the fused product
+        matrix = jnp.concatenate([k.astype(dt).reshape(math.prod(k.shape[:n_in]), -1) for k in kernels], axis=1)
         return matrix.T if fused_rows else matrix
 
     layers = []
     for i in range(cfg.num_hidden_layers):
         layers.append({
-            "qkv": jnp.concatenate([rows(text.q_kernel[i]), rows(text.k_kernel[i]), rows(text.v_kernel[i])],
-                                   axis=0 if fused_rows else 1),
+            "qkv": rows(text.q_kernel[i], text.k_kernel[i], text.v_kernel[i]),
             "o": rows(text.o_kernel[i], n_in=2),
-            "gate_up": jnp.concatenate([rows(text.gate_kernel[i]), rows(text.up_kernel[i])],
-                                       axis=0 if fused_rows else 1),
+            "gate_up": rows(text.gate_kernel[i], text.up_kernel[i]),
             "down": rows(text.down_kernel[i]),
             "input_norm": text.input_norm[i], "post_attention_norm": text.post_attention_norm[i],
             "q_norm": text.q_norm[i], "k_norm": text.k_norm[i],
         })
-    if text.lm_head is None:  # tied: the embedding [V, D] is the head's [out, in]
-        head = text.embed[...].astype(dt) if fused_rows else text.embed[...].astype(dt).T
-    else:
-        head = rows(text.lm_head[...])
+    head = rows(text.embed[...].T if text.lm_head is None else text.lm_head[...])  # tied: the embedding [V, D]
     return StepWeights(tuple(layers), text.final_norm[...], head, fused_rows)
 
 

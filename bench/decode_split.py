@@ -13,9 +13,12 @@ and the multiply fused into a row reduction over [out, in] (`StepWeights.fused_r
 which this host takes); the draw also as the sampler drew before (`jax.random.categorical`, whose argmax is
 XLA's (value, index) reduce). A path's step = its hidden + head + draw; attention over the prompt = its hidden
 less `weights`. "before" = the fused product and the categorical draw (the sampler until this bench).
+`--demo`: the same split for the demo's policy (configs/demo.py's `random:demo`, 4 x 64 wide, vocabulary 768) at
+mining's shape: one call of G = 8 rows of one prompt (mine.max_batch = 8 rows, K = 8), `--prompt` tokens (default
+704, the demo's longer element prompts), 96 new tokens.
 The JSON line: ours = cascade's step ms now, anchor = copy's; decode_speedup = copy / cascade (issue 28's goal: the
 decode phase >= 2x). `--quick`: a 1,024-token prompt, one round of 3 timed loops a part (under a minute).
-    python bench/decode_split.py [--quick]
+    python bench/decode_split.py [--quick] [--demo [--prompt N]]
 """
 from __future__ import annotations
 
@@ -32,17 +35,22 @@ STEPS = 24
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a 1,024-token prompt, one round of 3 timed loops a part")
+    parser.add_argument("--demo", action="store_true", help="the demo's policy at mining's shape (G = 8, 96 new)")
+    parser.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 2,304; --demo 704)")
     args = parser.parse_args()
     prompt_len, repeats, rounds = (1024, 3, 1) if args.quick else (2304, 9, 2)
+    prompt_len = args.prompt or (704 if args.demo else prompt_len)
+    new = 96 if args.demo else NEW
 
     import jax
     import jax.numpy as jnp
     from flax import nnx
     from rmsweb_jax.models.qwen3_vl import Qwen3VLConfig, create, decode
+    from rmsweb_jax.models.qwen3_vl.config import demo
     from rmsweb_jax.models.qwen3_vl.text import KVCache
     from rmsweb_jax.sampling.sampler import row_keys, sample_token
 
-    model = create(Qwen3VLConfig.from_hf_dict(common.hf_bench_config().to_dict()))
+    model = create(demo() if args.demo else Qwen3VLConfig.from_hf_dict(common.hf_bench_config().to_dict()))
     graphdef, state = nnx.split(model.text)
     layouts = {"dot": False, "fused": True}
     weights = {name: jax.jit(lambda s, fused=fused: decode.step_weights(nnx.merge(graphdef, s), fused))(state)
@@ -56,7 +64,7 @@ def main():
         segments = jnp.asarray(np.arange(slots)[None].repeat(rows, 0) < written, jnp.int32)
         return decode.step_cache(KVCache(k, -k, segments, jnp.int32(written)))
 
-    copied, own = cache(GROUP, prompt_len + NEW, prompt_len), cache(GROUP, NEW, 0)
+    copied, own = cache(GROUP, prompt_len + new, prompt_len), cache(GROUP, new, 0)
     prefix = cache(1, prompt_len, prompt_len)
     rows = jnp.arange(GROUP, dtype=jnp.int32)
     positions = jnp.full((3, GROUP, 1), prompt_len, jnp.int32)
@@ -129,12 +137,13 @@ def main():
     ms = {name: min(t) for name, t in ms.items()}
     weight_mb = decode.copy_bytes(model.text) / 1e6
     head_mb = cfg.vocab_size * cfg.hidden_size * 4 / 1e6
-    cache_mb = {"copy": 2 * cfg.num_hidden_layers * GROUP * (prompt_len + NEW) * cfg.num_key_value_heads
+    cache_mb = {"copy": 2 * cfg.num_hidden_layers * GROUP * (prompt_len + new) * cfg.num_key_value_heads
                 * cfg.head_dim * 4 / 1e6,
-                "cascade": 2 * cfg.num_hidden_layers * (prompt_len + GROUP * NEW) * cfg.num_key_value_heads
+                "cascade": 2 * cfg.num_hidden_layers * (prompt_len + GROUP * new) * cfg.num_key_value_heads
                 * cfg.head_dim * 4 / 1e6}
     print(f"cpu: {cpu_model()}; this host's product: {host} (decode.fused_rows_default)")
-    print(f"step: G={GROUP} rows of one {prompt_len}-token prompt, {STEPS} steps a loop, best of {rounds} round(s) "
+    print(f"model: {'the demo policy' if args.demo else 'the bench config'}; step: G={GROUP} rows of one "
+          f"{prompt_len}-token prompt, {new} new-token slots, {STEPS} steps a loop, best of {rounds} round(s) "
           f"of the median of {repeats} loops")
     print(f"{'part':>9}  {'dot [in, out]':>24}  {'fused [out, in]':>24}")
 
@@ -171,6 +180,7 @@ def main():
           + ", ".join(f"{path} {whole[path]:.2f} ms (parts' sum {now[path]:.2f})" for path in whole)
           + f"; cascade / copy {whole['copy'] / whole['cascade']:.2f}x")
     common.emit("decode_split", now["cascade"], now["copy"], "ms/step", 0.5, anchor_is="copy", product=host,
+                model="demo" if args.demo else "bench", prompt_tokens=prompt_len,
                 decode_speedup=round(speedup, 3), decode_speedup_before=round(speedup_before, 3),
                 cascade_step_before_ms=round(before["cascade"], 2), copy_step_before_ms=round(before["copy"], 2),
                 whole_step_speedup=round(whole["copy"] / whole["cascade"], 3),

@@ -16,7 +16,9 @@ prompt + reference turn (train/logprobs.py on the action-only loss mask of encod
 the `<tool_call>...</tool_call>` tokens and the closing `<|im_end|>`).
 
 Sampling, scoring and log-probs are timed separately; `ReplayResult.throughput` reports states/s
-and each part's share of the wall time.
+and each part's share of the wall time, and the states/s after the first batch: the first carries the
+compiles of the sampler's and the log-prob programs (about 6 s on 2 CPU cores for the demo model, as long as
+~90 states after it), so a short replay's overall rate says little about a long one's.
 """
 from __future__ import annotations
 
@@ -121,14 +123,20 @@ class ReplayResult:
     states: tuple[ReplayedState, ...]
     skipped: dict[str, int]         # teacher label -> reference steps skipped
     seconds: dict[str, float]       # sampling, scoring, logprob, total
+    first_batch: tuple[int, float]  # (states, seconds) of the first batch, its programs' compiles included
 
     @property
     def throughput(self) -> dict[str, float]:
-        """Returns states/s and the share of the wall time spent sampling, scoring and on log-probs."""
+        """Returns states/s, the share of the wall time spent sampling, scoring and on log-probs, and states/s after
+        the first batch (None when it was the only one)."""
         total = max(self.seconds["total"], 1e-9)
+        first_states, first_seconds = self.first_batch
+        after = len(self.states) - first_states
         return {"states": len(self.states), "samples": sum(len(s.samples) for s in self.states),
                 "states_per_s": len(self.states) / total, "seconds": round(self.seconds["total"], 3),
-                **{f"{k}_share": self.seconds[k] / total for k in ("sampling", "scoring", "logprob")}}
+                **{f"{k}_share": self.seconds[k] / total for k in ("sampling", "scoring", "logprob")},
+                "first_batch_states": first_states, "first_batch_seconds": round(first_seconds, 3),
+                "states_per_s_after_first_batch": after / max(total - first_seconds, 1e-9) if after else None}
 
 
 def score_samples(turns: Sequence[tuple[str, str]], example: SFTExample) -> list[str | None]:
@@ -223,9 +231,11 @@ def replay(view, indices: Sequence[int], chat_model, builder: PromptBuilder, set
     seconds = {"sampling": 0.0, "scoring": 0.0, "logprob": 0.0}
     skipped: dict[str, int] = {}
     states: list[ReplayedState] = []
+    first_batch = (0, 0.0)
     start = time.perf_counter()
 
     def run_chunk(chunk: list[tuple[int, SFTExample]]) -> None:
+        nonlocal first_batch
         t0 = time.perf_counter()
         turns = sample(chat_model, [builder.messages(ex.context()) for _, ex in chunk], settings.samples, params,
                        settings.seed + len(states) // settings.batch_states)
@@ -236,6 +246,8 @@ def replay(view, indices: Sequence[int], chat_model, builder: PromptBuilder, set
         seconds["sampling"] += t1 - t0
         seconds["scoring"] += t2 - t1
         seconds["logprob"] += time.perf_counter() - t2
+        if not states:  # the first batch: from the replay's start (its examples' reading included)
+            first_batch = (len(chunk), time.perf_counter() - start)
         for (i, ex), texts, modes, lp in zip(chunk, turns, scored, ref):
             accuracy, mode = classify(modes, settings.tau)
             counts: dict[str, int] = {}
@@ -270,4 +282,4 @@ def replay(view, indices: Sequence[int], chat_model, builder: PromptBuilder, set
     finally:
         bar.close()
     seconds["total"] = time.perf_counter() - start
-    return ReplayResult(states=tuple(states), skipped=skipped, seconds=seconds)
+    return ReplayResult(states=tuple(states), skipped=skipped, seconds=seconds, first_batch=first_batch)

@@ -239,8 +239,10 @@ def run(config, workdir: pathlib.Path) -> dict:
     summary["report"] = {k: str(v) for k, v in paths.items()}
     storage.write_text_atomic(out / "summary.json", json.dumps(summary, indent=2))
     modes = ", ".join(f"{m} {n}" for m, n in report["failure_modes"].items() if n) or "none"
+    rate, after = result.throughput["states_per_s"], result.throughput["states_per_s_after_first_batch"]
     print(f"[mine] {report['critical']}/{report['states']} states critical ({modes}); teacher noise "
-          f"{report['teacher_noise']['critical_with_label']}; {result.throughput['states_per_s']:.3f} states/s "
-          f"({100 * result.throughput['sampling_share']:.0f}% sampling); state set {path} "
+          f"{report['teacher_noise']['critical_with_label']}; {rate:.3f} states/s"
+          + ("" if after is None else f", {after:.3f} after the first batch (compiles)")
+          + f" ({100 * result.throughput['sampling_share']:.0f}% sampling); state set {path} "
           f"({state_set['critical']} critical + {state_set['routine']} routine); report {paths['markdown']}")
     return summary

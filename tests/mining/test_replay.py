@@ -5,6 +5,7 @@ in mining as in the rewards. The sampling path and the reference log-prob
 run on a real random model: K turns per state, and log p(reference action) equal to log_softmax of
 the model's own logits over the action-only span."""
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -92,6 +93,29 @@ def test_exactly_the_states_below_tau_are_critical(view):
         assert throughput["states"] == n and throughput["samples"] == n * K and throughput["states_per_s"] > 0
         assert 0 <= throughput["sampling_share"] + throughput["scoring_share"] + throughput["logprob_share"] <= 1
     assert policy.calls[:4] == [0, 1, 2, 3]  # one seed per chunk of batch_states states
+
+
+def test_the_rate_after_the_first_batch_leaves_its_time_out(view):
+    """The first batch (the one that compiles) is timed apart: here its sampler call alone takes 0.5 s more."""
+    config = _config()
+    builder = PromptBuilder(prompt_config_from(config))
+    n = len(view)
+    policy = KnownPolicy(view, builder, [K] * n, [0] * n)
+
+    def slow_first(*args):
+        if not policy.calls:
+            time.sleep(0.5)
+        return policy(*args)
+    settings = ReplaySettings.from_config(config.mine)
+    assert n > settings.batch_states
+    result = replay(view, range(n), None, builder, settings, progress=False, sample=slow_first)
+    t = result.throughput
+    assert result.first_batch[0] == t["first_batch_states"] == settings.batch_states
+    assert 0.5 <= result.first_batch[1] <= result.seconds["total"]
+    after = (n - settings.batch_states) / (result.seconds["total"] - result.first_batch[1])
+    assert t["states_per_s_after_first_batch"] == pytest.approx(after) and after > t["states_per_s"]
+    single = replay(view, range(settings.batch_states), None, builder, settings, progress=False, sample=policy)
+    assert single.throughput["states_per_s_after_first_batch"] is None  # nothing after the first batch
 
 
 def test_labelled_steps_are_not_references(tmp_path):

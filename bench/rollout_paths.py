@@ -139,9 +139,9 @@ def main():
           f"{config.mine.max_states} states; {salvage}")
     calls = {path: counts[path].medians() for path in PATHS}
     shared = [shape for shape in calls["cascade"] if shape in calls["copy"]]
-    print("sampler calls (prompts x G: median s after the shape's first call, cascade / copy): " + ", ".join(
+    print("sampler calls (prompts x G: median s after the shape's first call, cascade / copy): " + (", ".join(
         f"{shape}: {calls['cascade'][shape]:.3f} / {calls['copy'][shape]:.3f} s, "
-        f"{calls['copy'][shape] / calls['cascade'][shape]:.2f}x" for shape in shared))
+        f"{calls['copy'][shape] / calls['cascade'][shape]:.2f}x" for shape in shared) or "no shape called twice"))
     for path in PATHS:
         r = results[path]
         share = counts[path].finished / max(counts[path].total, 1)

@@ -103,7 +103,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                   f"{t['states']} states, {t['samples']} samples in {t['seconds']:.1f} s: "
                   f"{t['states_per_s']:.3f} states/s; time in sampling {100 * t['sampling_share']:.1f}%, "
                   f"scoring {100 * t['scoring_share']:.2f}%, reference log-probs {100 * t['logprob_share']:.1f}%."]
-        if t.get("states_per_s_after_first_batch") is not None:  # reports written before it lack the key
+        if t["states_per_s_after_first_batch"] is not None:  # None: the first batch was the only one
             lines.append(f"After the first batch ({t['first_batch_states']} states in "
                          f"{t['first_batch_seconds']:.1f} s, the programs' compiles included): "
                          f"{t['states_per_s_after_first_batch']:.3f} states/s.")

@@ -8,9 +8,10 @@ STAMP := $(VENV)/.installed
 WORKDIR ?= workdir/demo
 PYTEST_ARGS ?=
 # pytest-xdist workers for make test / test-fast; whole test files go to one worker (--dist loadfile) so that
-# each module's fixtures are built once. 2 = the CI machine's cores; PYTEST_WORKERS=0 runs in this process.
+# each module's fixtures are built once, the costliest files first (--no-loadscope-reorder keeps the order
+# tests/conftest.py gives). 2 = the CI machine's cores; PYTEST_WORKERS=0 runs in this process.
 PYTEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 .PHONY: test test-fast demo install chromium bench bench-quick clean
 

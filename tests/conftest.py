@@ -23,6 +23,20 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and os.environ.get("RMSWEB_TEST
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _RUN_CACHE
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
+# One byte-code cache for the run too. Where PYTHONDONTWRITEBYTECODE is set (as on the machines this project is built
+# on), Python writes no .pyc of what it imports, so every process the run starts compiled every module it imported
+# (jax, transformers, torch, ours) from source: ~6 of the ~11 CPU-seconds of those imports, paid again by each of
+# the hundreds of processes. The run's processes write theirs to this folder instead (PYTHONPYCACHEPREFIX: nothing
+# lands in the venv or the checkout), so each module compiles once a run. RMSWEB_TEST_BYTECODE_CACHE=0 turns it off.
+_RUN_PYCACHE = None
+if "PYTHONPYCACHEPREFIX" not in os.environ and os.environ.get("RMSWEB_TEST_BYTECODE_CACHE", "1") != "0":
+    import tempfile
+    _RUN_PYCACHE = tempfile.mkdtemp(prefix="rmsweb-test-pycache-")
+    os.environ["PYTHONPYCACHEPREFIX"] = _RUN_PYCACHE
+    os.environ["PYTHONDONTWRITEBYTECODE"] = ""  # empty: unset, for the processes started from here on
+    import sys
+    sys.pycache_prefix, sys.dont_write_bytecode = _RUN_PYCACHE, False  # and for this one's imports from here on
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -59,6 +73,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "benchmarks_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.benchmarks)
+    # The costliest files first. make test's workers take whole files in this order (pytest-xdist's --dist loadfile
+    # with --no-loadscope-reorder; its own reorder puts the files with the most tests first, so one- and two-test
+    # files of minutes of compiles ran last, a core idle beside them): a run that ends on short files ends with
+    # both cores busy. The costs: tests/file_cpu_seconds.json (tests/file_costs.py); a file it lacks goes last.
+    from tests.file_costs import read_costs
+    costs, first_seen = read_costs(), {}
+    for item in items:
+        first_seen.setdefault(item.nodeid.split("::")[0], len(first_seen))
+    items.sort(key=lambda item: (-costs.get(item.nodeid.split("::")[0], 0), first_seen[item.nodeid.split("::")[0]]))
 
 
 @pytest.fixture(scope="session")
@@ -140,7 +163,11 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_sessionfinish(session):
-    # Only the process that made the cache removes it (with xdist, the controller, after both workers are done).
-    if _RUN_CACHE:
-        import shutil
-        shutil.rmtree(_RUN_CACHE, ignore_errors=True)
+    # Only the process that made the caches removes them (with xdist, the controller, after both workers are done).
+    import shutil
+    import sys
+    if _RUN_PYCACHE:
+        sys.dont_write_bytecode = True  # a module imported while the process exits would make the folder again
+    for made in (_RUN_CACHE, _RUN_PYCACHE):
+        if made:
+            shutil.rmtree(made, ignore_errors=True)

@@ -13,8 +13,11 @@ import os
 import pathlib
 import struct
 
-from tensorboardX.proto import event_pb2
-from tensorboardX.record_writer import masked_crc32c
+from rmsweb_jax.tensorboardx_import import tensorboardx
+
+tensorboardx()  # the package first, without torch: its submodules below import it
+from tensorboardX.proto import event_pb2  # noqa: E402
+from tensorboardX.record_writer import masked_crc32c  # noqa: E402
 
 EVENT_FILE_GLOB = "events.out.tfevents.*"
 

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import json
 import pathlib
 from collections.abc import Sequence
 
@@ -16,12 +17,12 @@ VIDEO_TOKEN = "<|video_pad|>"
 TEXT_TYPE, IMAGE_TYPE = 0, 1
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+# The classes Qwen3-VL checkpoints' tokenizer_config.json names (transformers 5 has one class for both).
+_QWEN2_TOKENIZER_CLASSES = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
 
 
 def load_tokenizer(checkpoint_dir: str | pathlib.Path):
     """Returns the transformers tokenizer saved in a local checkpoint folder (never the hub)."""
-    from transformers import AutoTokenizer  # deferred: a heavy import; only callers that tokenize pay for it
-
     path = pathlib.Path(checkpoint_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer folder {str(path)!r} does not exist")
@@ -29,7 +30,24 @@ def load_tokenizer(checkpoint_dir: str | pathlib.Path):
         raise FileNotFoundError(
             f"tokenizer folder {str(path)!r} holds none of {', '.join(_TOKENIZER_FILES)}: not a saved tokenizer"
         )
+    if _tokenizer_class(path) in _QWEN2_TOKENIZER_CLASSES:
+        # Qwen's own class, as AutoTokenizer would pick it, without AutoTokenizer's import: that pulls in
+        # transformers' model configs and, through them, torch where it is installed (~3 CPU-seconds a process).
+        from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+        return Qwen2Tokenizer.from_pretrained(str(path), local_files_only=True)
+    from transformers import AutoTokenizer  # deferred: a heavy import; only callers that tokenize pay for it
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def _tokenizer_class(path: pathlib.Path) -> str | None:
+    """Returns the tokenizer_class that path/tokenizer_config.json names (None when it names none or is absent)."""
+    config = path / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        return json.loads(config.read_text()).get("tokenizer_class")
+    except (json.JSONDecodeError, AttributeError) as err:
+        raise ValueError(f"{config}: not a JSON object ({err})") from err
 
 
 def encode_multimodal(

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from rmsweb_jax import storage
 from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig
+from rmsweb_jax.tensorboardx_import import tensorboardx
 
 SYNC_S = 30.0  # on a bucket, metric files are uploaded at most this often between checkpoints (see MetricsWriter)
 # The trainer reports at every config.train.metrics.every_steps (and the last step) the mean loss of the steps
@@ -104,8 +105,7 @@ class MetricsWriter:
             if self.remote:  # a resumed run appends to what the bucket holds, not to a stale mirror
                 storage.pull_file(f"{self.remote}/metrics.jsonl")
                 storage.pull_tree(f"{self.remote}/tensorboard")
-            from tensorboardX import SummaryWriter  # deferred: it imports torch (seconds); only a writing process pays
-            self._tb = SummaryWriter(str(self.directory / "tensorboard"))
+            self._tb = tensorboardx().SummaryWriter(str(self.directory / "tensorboard"))
             self._jsonl = open(self.directory / "metrics.jsonl", "a")
             if progress:
                 self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True,

@@ -25,6 +25,7 @@ import jax
 
 from rmsweb_jax import storage
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.tensorboardx_import import tensorboardx
 
 # The packages whose versions can change a run's numbers or its files.
 PACKAGES = ("rmsweb_jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_collections",
@@ -96,9 +97,9 @@ def write_config_json(workdir, config, identity: dict) -> None:
 def write_tensorboard(directory: pathlib.Path, config, identity: dict) -> None:
     """Writes the config and identity as text, and the flattened config as hparams, to an event file of its own in
     `directory` (the metrics writer's tensorboard/ folder: one run in TensorBoard, uploaded with it on a bucket)."""
-    from tensorboardX import SummaryWriter  # deferred like the metrics writer's (metrics.py): it imports torch
+    tbx = tensorboardx()  # the package first, without torch (tensorboardx_import.py)
     from tensorboardX.summary import hparams
-    with SummaryWriter(str(directory), filename_suffix=".run") as writer:
+    with tbx.SummaryWriter(str(directory), filename_suffix=".run") as writer:
         writer.add_text("run/config", "```\n" + config.to_json_best_effort(indent=2) + "\n```", 0)
         writer.add_text("run/identity", "```\n" + json.dumps(identity, indent=2) + "\n```", 0)
         values = {**flat_config(config), "git_commit": identity["git_commit"], "devices": identity["devices"]["count"]}

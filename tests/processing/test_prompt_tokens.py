@@ -1,4 +1,6 @@
 """rmsweb_jax.processing.prompt_tokens against transformers' Qwen3VLProcessor and tokenizer padding."""
+import json
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -73,10 +75,36 @@ def test_bad_grids_and_videos_are_refused(hf_tokenizer):
 
 
 def test_load_tokenizer_loads_the_saved_folder(tiny_tokenizer, hf_tokenizer):
-    tok = load_tokenizer(tiny_tokenizer[0])
+    tok = load_tokenizer(tiny_tokenizer[0])  # Qwen2Tokenizer, named by the folder: loaded without AutoTokenizer
     text = _chat(hf_tokenizer, 2)
+    assert type(tok) is type(hf_tokenizer)
     assert tok(text)["input_ids"] == hf_tokenizer(text)["input_ids"]
     assert tok.chat_template == hf_tokenizer.chat_template
+    assert (len(tok), tok.eos_token_id, tok.pad_token_id, tok.all_special_tokens) == \
+        (len(hf_tokenizer), hf_tokenizer.eos_token_id, hf_tokenizer.pad_token_id, hf_tokenizer.all_special_tokens)
+
+
+def test_load_tokenizer_leaves_other_classes_to_auto_tokenizer(tmp_path, tiny_tokenizer):
+    import shutil
+
+    from transformers import AutoTokenizer
+    folder = tmp_path / "other"
+    shutil.copytree(tiny_tokenizer[0], folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load_tokenizer(folder)
+    assert type(tok) is type(AutoTokenizer.from_pretrained(str(folder))) and type(tok).__name__ != "Qwen2Tokenizer"
+    assert tok("Click the button")["input_ids"] == load_tokenizer(tiny_tokenizer[0])("Click the button")["input_ids"]
+
+
+def test_load_tokenizer_names_a_damaged_tokenizer_config(tmp_path, tiny_tokenizer):
+    import shutil
+    folder = tmp_path / "damaged"
+    shutil.copytree(tiny_tokenizer[0], folder)
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "Qwen2Tok')
+    with pytest.raises(ValueError, match="damaged/tokenizer_config.json: not a JSON object"):
+        load_tokenizer(folder)
 
 
 def test_load_tokenizer_names_a_missing_or_empty_folder(tmp_path):

@@ -1,0 +1,36 @@
+"""Each test file's CPU seconds, for the order make test runs the files in (tests/conftest.py: the costliest first).
+
+    RMSWEB_TEST_CPU=/tmp/cpu.jsonl make test
+    python -m tests.file_costs /tmp/cpu.jsonl      # rewrites tests/file_cpu_seconds.json
+
+The figures only order the files: a stale or missing one costs time, never a test."""
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+import sys
+
+COSTS = pathlib.Path(__file__).with_name("file_cpu_seconds.json")
+
+
+def read_costs() -> dict[str, float]:
+    """Returns {test file path as pytest names it: CPU seconds} (empty when the file is absent)."""
+    return json.loads(COSTS.read_text()) if COSTS.is_file() else {}
+
+
+def file_costs(rows_path: str) -> dict[str, int]:
+    """Returns each file's CPU seconds summed over the rows RMSWEB_TEST_CPU wrote to `rows_path`."""
+    costs: collections.Counter = collections.Counter()
+    with open(rows_path) as rows:
+        for line in rows:
+            row = json.loads(line)
+            costs[row["test"].split("::")[0]] += row["cpu_s"]
+    return {name: round(seconds) for name, seconds in sorted(costs.items())}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m tests.file_costs ROWS.jsonl (written by RMSWEB_TEST_CPU=ROWS.jsonl)")
+    COSTS.write_text(json.dumps(file_costs(sys.argv[1]), indent=1) + "\n")
+    print(f"wrote {COSTS}")

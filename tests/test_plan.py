@@ -15,7 +15,7 @@ from configs.common import base_config
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.models import qwen3_vl, sharding
 from rmsweb_jax.models.qwen3_vl.config import RuntimeOptions, tiny
-from rmsweb_jax.plan import chips, memory
+from rmsweb_jax.plan import chips, memory, tpu_aot
 from rmsweb_jax.plan.planner import plan
 from rmsweb_jax.train import batch as batch_lib
 from rmsweb_jax.train.loss import make_sft_loss
@@ -231,3 +231,33 @@ def test_one_device_plan_counts_the_first_decode_compaction():
     slots = bucket + group * max_new
     assert one * slots == pytest.approx(one_kept * (slots + group * max_new // 2), rel=1e-6), (one, one_kept)
     assert kv("8", 2) == kv("8", 0)
+
+
+def test_a_compile_report_is_of_the_optimized_program_and_gives_the_setting_back():
+    """make test sets jax_disable_most_optimizations for its XLA:CPU programs (tests/conftest.py); a CompileReport
+    is of the program a TPU VM compiles, at full optimization, and the process's setting is back afterwards, also
+    when the compile fails."""
+    seen = []
+
+    def doubling():
+        def f(x):  # a new function each time, so that jit traces it (and it records the setting) each time
+            seen.append(jax.config.read("jax_disable_most_optimizations"))
+            return x * 2.0
+        return f
+
+    def broken(x):
+        raise ValueError("a program that does not trace")
+
+    args = (jax.ShapeDtypeStruct((4,), np.float32),)
+    before = jax.config.read("jax_disable_most_optimizations")
+    try:
+        for setting in (True, False):
+            jax.config.update("jax_disable_most_optimizations", setting)
+            report = tpu_aot.compile_program("double", jax.jit(doubling()), args, platform="cpu")
+            assert seen.pop() is False and report.flops > 0
+            assert jax.config.read("jax_disable_most_optimizations") is setting
+            with pytest.raises(ValueError, match="does not trace"):
+                tpu_aot.compile_program("broken", jax.jit(broken), args, platform="cpu")
+            assert jax.config.read("jax_disable_most_optimizations") is setting
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)

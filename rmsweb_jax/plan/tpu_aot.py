@@ -197,8 +197,15 @@ def compile_program(name: str, fn: Callable, args: Sequence[Any], *, platform: s
     # Traced at the chip's default matmul precision, as on a TPU VM: a process that set 'highest' for exact CPU
     # references (our tests) would otherwise hand Mosaic kernels bf16 dots with an fp32 contract precision, which
     # it refuses ("Bad lhs type"), in backward kernels traced outside any context the model code could set.
-    with jax.default_matmul_precision("default"):
-        compiled = fn.trace(*args).lower(lowering_platforms=(platform,)).compile()
+    # And at the compiler's full optimization, the program a TPU VM compiles: a process that set
+    # jax_disable_most_optimizations (make test does, for its XLA:CPU programs) would otherwise report another one.
+    deoptimized = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        with jax.default_matmul_precision("default"):
+            compiled = fn.trace(*args).lower(lowering_platforms=(platform,)).compile()
+    finally:
+        jax.config.update("jax_disable_most_optimizations", deoptimized)
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - cpu_start
     mem = compiled.memory_analysis()

@@ -87,10 +87,12 @@ def pytest_collection_modifyitems(config, items):
     # files of minutes of compiles ran last, a core idle beside them): a run that ends on short files ends with
     # both cores busy. The costs: tests/file_cpu_seconds.json (tests/file_costs.py); a file it lacks goes last.
     from tests.file_costs import read_costs
+    def file_of(item):
+        return item.nodeid.split("::")[0]
     costs, first_seen = read_costs(), {}
     for item in items:
-        first_seen.setdefault(item.nodeid.split("::")[0], len(first_seen))
-    items.sort(key=lambda item: (-costs.get(item.nodeid.split("::")[0], 0), first_seen[item.nodeid.split("::")[0]]))
+        first_seen.setdefault(file_of(item), len(first_seen))
+    items.sort(key=lambda item: (-costs.get(file_of(item), 0), first_seen[file_of(item)]))
 
 
 @pytest.fixture(scope="session")

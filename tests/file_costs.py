@@ -14,7 +14,7 @@ import sys
 COSTS = pathlib.Path(__file__).with_name("file_cpu_seconds.json")
 
 
-def read_costs() -> dict[str, float]:
+def read_costs() -> dict[str, int]:
     """Returns {test file path as pytest names it: CPU seconds} (empty when the file is absent)."""
     return json.loads(COSTS.read_text()) if COSTS.is_file() else {}
 

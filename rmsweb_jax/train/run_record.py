@@ -98,12 +98,11 @@ def write_tensorboard(directory: pathlib.Path, config, identity: dict) -> None:
     """Writes the config and identity as text, and the flattened config as hparams, to an event file of its own in
     `directory` (the metrics writer's tensorboard/ folder: one run in TensorBoard, uploaded with it on a bucket)."""
     tbx = tensorboardx()  # the package first, without torch (tensorboardx_import.py)
-    from tensorboardX.summary import hparams
     with tbx.SummaryWriter(str(directory), filename_suffix=".run") as writer:
         writer.add_text("run/config", "```\n" + config.to_json_best_effort(indent=2) + "\n```", 0)
         writer.add_text("run/identity", "```\n" + json.dumps(identity, indent=2) + "\n```", 0)
         values = {**flat_config(config), "git_commit": identity["git_commit"], "devices": identity["devices"]["count"]}
-        for summary in hparams(values, {"train/loss": None}):  # the HPARAMS tab's columns; loss is its metric
+        for summary in tbx.summary.hparams(values, {"train/loss": None}):  # the HPARAMS tab's columns; loss is its metric
             writer.file_writer.add_summary(summary)
 
 

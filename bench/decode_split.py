@@ -58,14 +58,14 @@ def main():
     cfg = model.text.cfg
     rng = np.random.default_rng(0)
 
-    def cache(rows: int, slots: int, written: int) -> decode.StepCache:
+    def cache(rows: int, slots: int, written: int, layout=decode.step_cache) -> decode.StepCache:
         shape = (cfg.num_hidden_layers, rows, slots, cfg.num_key_value_heads, cfg.head_dim)
         k = jnp.asarray(rng.standard_normal(shape), jnp.float32)
         segments = jnp.asarray(np.arange(slots)[None].repeat(rows, 0) < written, jnp.int32)
-        return decode.step_cache(KVCache(k, -k, segments, jnp.int32(written)))
+        return layout(KVCache(k, -k, segments, jnp.int32(written)))
 
     copied, own = cache(GROUP, prompt_len + new, prompt_len), cache(GROUP, new, 0)
-    prefix = cache(1, prompt_len, prompt_len)
+    prefix = cache(1, prompt_len, prompt_len, decode.prefix_cache)
     rows = jnp.arange(GROUP, dtype=jnp.int32)
     positions = jnp.full((3, GROUP, 1), prompt_len, jnp.int32)
 

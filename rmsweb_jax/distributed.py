@@ -12,15 +12,22 @@ Which arguments reach `jax.distributed.initialize`, first match wins:
 
 It must run before anything touches a JAX device (jax.devices(), the first jit): JAX refuses to
 initialize once a backend exists. Process 0 is the coordinator; every process calls this.
+
+GPU memory: JAX's GPU client takes 75% of each GPU's memory at start-up (XLA_PYTHON_CLIENT_MEM_FRACTION), while
+`python -m rmsweb_jax.plan` budgets USABLE_HBM (90%) of it: a run the plan passed between the two would run out
+of memory (bench/gpu_train_step.py's 2B step did at 75% and ran at 95%). `gpu_memory_fraction` sets the variable to
+the plan's share before the client exists, unless the user set it; TPU and CPU clients do not read it.
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, MutableMapping
 
 from absl import logging
 
 ENV_VAR = "RMSWEB_DISTRIBUTED"
+GPU_MEMORY_VAR = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+USABLE_HBM = 0.9  # the share of each accelerator's memory a plan may use, and a GPU run's client takes
 _ON = frozenset({"1", "true", "yes", "on"})
 _OFF = frozenset({"", "0", "false", "no", "off"})
 
@@ -47,6 +54,24 @@ def distributed_kwargs(environ: Mapping[str, str]) -> dict[str, Any] | None:
     if environ.get("MASTER_ADDR"):
         return _master_addr_kwargs(environ)
     return {}
+
+
+def gpu_memory_fraction(environ: MutableMapping[str, str] | None = None, fraction: float = USABLE_HBM) -> str:
+    """Sets XLA_PYTHON_CLIENT_MEM_FRACTION to `fraction` unless `environ` (os.environ) holds it; returns a line
+    saying which share a GPU client will take and why. Call before any JAX backend exists."""
+    environ = os.environ if environ is None else environ
+    given = environ.get(GPU_MEMORY_VAR)
+    if given is None:
+        environ[GPU_MEMORY_VAR] = f"{fraction:g}"
+        return (f"GPU memory: JAX takes {fraction:.0%} of each GPU ({GPU_MEMORY_VAR}={fraction:g}; "
+                "set it for another share)")
+    try:
+        value = float(given)
+    except ValueError:
+        raise ValueError(f"{GPU_MEMORY_VAR}={given!r}: expected a fraction in (0, 1]") from None
+    if not 0 < value <= 1:
+        raise ValueError(f"{GPU_MEMORY_VAR}={given!r}: expected a fraction in (0, 1]")
+    return f"GPU memory: JAX takes {value:.0%} of each GPU ({GPU_MEMORY_VAR}={given}, as set; {fraction:.0%} unset)"
 
 
 def maybe_initialize_distributed(environ: Mapping[str, str] | None = None) -> bool:

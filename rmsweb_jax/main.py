@@ -34,10 +34,10 @@ import sys
 import threading
 import time
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rmsweb_jax.distributed import maybe_initialize_distributed
+from rmsweb_jax.distributed import gpu_memory_fraction, maybe_initialize_distributed
 from rmsweb_jax.errors import USAGE_ERROR, UserError, exit_with_one_line, one_line, wants_help
 from rmsweb_jax.workdir_lock import WorkdirLock, describe
 # STAGES: stage name -> its module of rmsweb_jax.stages (the registry lives beside the runner, which the
@@ -85,8 +85,15 @@ def main(argv) -> None:
             raise UserError("--workdir is missing: give the folder (or gs://BUCKET/FOLDER) for this run's outputs")
         if not _WORKDIR.value.strip():  # "" would be the current folder: a run's files among the user's own
             raise UserError("--workdir is empty: give the folder (or gs://BUCKET/FOLDER) for this run's outputs")
+        try:  # before any backend exists: a GPU client then takes the plan's share of memory, not JAX's 75%
+            gpu_memory = gpu_memory_fraction()
+        except ValueError as err:
+            raise UserError(str(err)) from None
         maybe_initialize_distributed()  # multi-host only when RMSWEB_DISTRIBUTED=1 (see BUILD.md)
         check_stages(_CONFIG.value, _WORKDIR.value)  # every stage's settings, before the lock and the first stage
+        import jax  # deferred: JAX reads the two settings above when its first backend starts, here
+        if jax.default_backend() == "gpu":
+            logging.info(gpu_memory)
         with workdir_locked(_CONFIG.value, _WORKDIR.value) as lock, stop.handling(lock):
             run_stages(_CONFIG.value, _WORKDIR.value)
     except UserError as err:

@@ -86,13 +86,11 @@ def pytest_collection_modifyitems(config, items):
     # with --no-loadscope-reorder; its own reorder puts the files with the most tests first, so one- and two-test
     # files of minutes of compiles ran last, a core idle beside them): a run that ends on short files ends with
     # both cores busy. The costs: tests/file_cpu_seconds.json (tests/file_costs.py); a file it lacks goes last.
-    from tests.file_costs import read_costs
-    def file_of(item):
-        return item.nodeid.split("::")[0]
+    from tests.file_costs import nodeid_file, read_costs
     costs, first_seen = read_costs(), {}
     for item in items:
-        first_seen.setdefault(file_of(item), len(first_seen))
-    items.sort(key=lambda item: (-costs.get(file_of(item), 0), first_seen[file_of(item)]))
+        first_seen.setdefault(nodeid_file(item.nodeid), len(first_seen))
+    items.sort(key=lambda item: (-costs.get(nodeid_file(item.nodeid), 0), first_seen[nodeid_file(item.nodeid)]))
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,11 @@ import sys
 COSTS = pathlib.Path(__file__).with_name("file_cpu_seconds.json")
 
 
+def nodeid_file(nodeid: str) -> str:
+    """Returns the file part of a pytest node id ("tests/x.py::test_y[z]" -> "tests/x.py")."""
+    return nodeid.split("::")[0]
+
+
 def read_costs() -> dict[str, int]:
     """Returns {test file path as pytest names it: CPU seconds} (empty when the file is absent)."""
     return json.loads(COSTS.read_text()) if COSTS.is_file() else {}
@@ -25,7 +30,7 @@ def file_costs(rows_path: str) -> dict[str, int]:
     with open(rows_path) as rows:
         for line in rows:
             row = json.loads(line)
-            costs[row["test"].split("::")[0]] += row["cpu_s"]
+            costs[nodeid_file(row["test"])] += row["cpu_s"]
     return {name: round(seconds) for name, seconds in sorted(costs.items())}
 
 

@@ -54,6 +54,13 @@ def test_a_command_line_mistake_is_one_line_naming_key_value_and_what_works(tmp_
     assert not (tmp_path / "run").exists()
 
 
+def test_a_gpu_memory_share_out_of_range_is_one_line_before_the_run_starts(tmp_path):
+    line = _one_line(_run("rmsweb_jax.main", "--config=configs/demo.py", f"--workdir={tmp_path / 'run'}",
+                          env={"XLA_PYTHON_CLIENT_MEM_FRACTION": "1.5"}))
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION='1.5': expected a fraction in (0, 1]" in line
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_config_value_refused_by_its_settings_class_is_one_line(tmp_path):
     line = _one_line(_run("rmsweb_jax.main", "--config=configs/demo.py", f"--workdir={tmp_path}",
                           "--config.stages=salvage", "--config.salvage.loss.clip_low=1.5"), logged=True)

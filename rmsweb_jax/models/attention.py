@@ -287,8 +287,9 @@ def softmax_part(logits: jax.Array, visible: jax.Array, v: jax.Array) -> tuple[j
     top = jnp.max(logits, axis=-1, keepdims=True)
     e = jnp.exp(logits - top)
     total = jnp.sum(e, axis=-1, keepdims=True)
-    out = jnp.einsum("...ms,...sd->...md", (e / total).astype(v.dtype), v)
-    return out, (top + jnp.log(total))[..., 0]
+    # Normalised after the product with v: M x D divisions instead of M x S.
+    out = jnp.einsum("...ms,...sd->...md", e.astype(v.dtype), v, preferred_element_type=jnp.float32) / total
+    return out.astype(v.dtype), (top + jnp.log(total))[..., 0]
 
 
 def merge_parts(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> jax.Array:
@@ -299,21 +300,24 @@ def merge_parts(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) 
     return (out_a.astype(jnp.float32) * w_a + out_b.astype(jnp.float32) * w_b).astype(out_a.dtype)
 
 
-def prefix_part(qh: jax.Array, prefix_k: jax.Array, prefix_v: jax.Array, prefix_segment_ids: jax.Array,
+def prefix_part(qh: jax.Array, prefix_kt: jax.Array, prefix_v: jax.Array, prefix_segment_ids: jax.Array,
                 scale: float) -> tuple[jax.Array, jax.Array]:
     """Returns (out [B, KVH, M, D], lse [B, KVH, M]) of heads-major queries qh [B, KVH, M, D] over their group's
-    shared prefix: prefix_k/v heads-major [P, KVH, Sp, D], rows b*G..b*G+G-1 sharing prefix row b (B = P*G).
+    shared prefix: keys prefix_kt [P, KVH, D, Sp] (key-minor), values prefix_v [P, KVH, Sp, D], rows
+    b*G..b*G+G-1 sharing prefix row b (B = P*G).
 
     Every key of the prefix precedes every query, so a query sees all its non-padding keys (segment id != 0).
-    The G rows' queries of one KV head form one [G*M, Sp] product: the prefix is read once per group."""
+    The G rows' queries of one KV head form one [G*M, D] x [D, Sp] product: the prefix is read once per group, and
+    keys stored [D, Sp] make it a plain matrix product (XLA:CPU ran the [Sp, D] form's transposed product ~1.3x
+    slower in a decode step, bench/README.md)."""
     b, kvh, m, d = qh.shape
-    p, sp = prefix_k.shape[0], prefix_k.shape[2]
+    p = prefix_kt.shape[0]
     if b % p:
         raise ValueError(f"prefix_part: {b} query rows are not a whole number of groups over {p} prefix rows")
     group = b // p
     qp = qh.reshape(p, group, kvh, m, d).transpose(0, 2, 1, 3, 4).reshape(p, kvh, group * m, d)
-    logits = jnp.einsum("pkmd,pksd->pkms", qp, prefix_k.astype(qh.dtype), preferred_element_type=jnp.float32) * scale
-    out, lse = softmax_part(logits, (prefix_segment_ids != 0)[:, None, None, :], prefix_v.astype(qh.dtype))
+    logits = jnp.einsum("pkmd,pkds->pkms", qp, prefix_kt.astype(qh.dtype), preferred_element_type=jnp.float32)
+    out, lse = softmax_part(logits * scale, (prefix_segment_ids != 0)[:, None, None, :], prefix_v.astype(qh.dtype))
     out = out.reshape(p, kvh, group, m, d).transpose(0, 2, 1, 3, 4).reshape(b, kvh, m, d)
     return out, lse.reshape(p, kvh, group, m).transpose(0, 2, 1, 3).reshape(b, kvh, m)
 
@@ -335,7 +339,7 @@ def prefix_shared_attention(q: jax.Array, k: jax.Array, v: jax.Array, prefix_k: 
     mask = _mask(q_segment_ids, kv_segment_ids, True, q_positions, kv_positions)  # [B, T, S]
     mask = jnp.broadcast_to(mask[:, None, None], (b, 1, g, t, mask.shape[-1])).reshape(b, 1, g * t, -1)
     own = softmax_part(logits, mask, v.transpose(0, 2, 1, 3))
-    shared = prefix_part(qh, prefix_k.transpose(0, 2, 1, 3), prefix_v.transpose(0, 2, 1, 3), prefix_segment_ids,
+    shared = prefix_part(qh, prefix_k.transpose(0, 2, 3, 1), prefix_v.transpose(0, 2, 1, 3), prefix_segment_ids,
                          scale)
     out = merge_parts(shared, own)
     return out.reshape(b, kvh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)

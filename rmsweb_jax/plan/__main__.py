@@ -17,6 +17,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from rmsweb_jax.distributed import USABLE_HBM  # noqa: E402
 from rmsweb_jax.errors import UserError, run_absl_command  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (path[:arg]).")
@@ -26,7 +27,8 @@ _TOPOLOGY = flags.DEFINE_string("topology", "", "slice name (v5p-64), chip grid 
 _ARCH = flags.DEFINE_string("architecture", "", "8b | 32b | tiny | demo | path to config.json (default: "
                             "model.init's checkpoint or preset, else config.plan.architecture)")
 _MFU = flags.DEFINE_float("mfu", 0.4, "model FLOPs utilization the step time is quoted at")
-_USABLE = flags.DEFINE_float("usable_hbm", 0.9, "share of HBM a plan may use (XLA's reserve, fragmentation)")
+_USABLE = flags.DEFINE_float("usable_hbm", USABLE_HBM, "share of HBM a plan may use (XLA's reserve, fragmentation; "
+                             "on GPUs the share a run's JAX client takes, rmsweb_jax/distributed.py)")
 _COMPILE = flags.DEFINE_bool("compile", False, "also compile every program of the plan for the TPU slice ahead of "
                              "time (libtpu's compiler, no chip: plan/tpu_aot.py) and print the compiler's figures "
                              "beside the plan's; refuse a program whose compiled peak does not fit")

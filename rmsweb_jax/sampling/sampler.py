@@ -378,7 +378,7 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
     lengths = jnp.ones((b,), jnp.int32)
     if step_weights is not None:
         cache = decode.step_cache(cache)
-        prefix = None if prefix is None else decode.step_cache(prefix)
+        prefix = None if prefix is None else decode.prefix_cache(prefix)
 
     def step_logits(last, pos, cache, rope):
         if step_weights is not None:

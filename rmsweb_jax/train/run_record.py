@@ -102,7 +102,8 @@ def write_tensorboard(directory: pathlib.Path, config, identity: dict) -> None:
         writer.add_text("run/config", "```\n" + config.to_json_best_effort(indent=2) + "\n```", 0)
         writer.add_text("run/identity", "```\n" + json.dumps(identity, indent=2) + "\n```", 0)
         values = {**flat_config(config), "git_commit": identity["git_commit"], "devices": identity["devices"]["count"]}
-        for summary in tbx.summary.hparams(values, {"train/loss": None}):  # the HPARAMS tab's columns; loss is its metric
+        # The HPARAMS tab's columns, train/loss its metric.
+        for summary in tbx.summary.hparams(values, {"train/loss": None}):
             writer.file_writer.add_summary(summary)
 
 

@@ -417,6 +417,21 @@ def test_distributed_errors_name_the_variable(env, message):
         distributed.distributed_kwargs({"RMSWEB_DISTRIBUTED": env.pop("RMSWEB_DISTRIBUTED", "1"), **env})
 
 
+def test_a_gpu_client_takes_the_plans_share_of_memory_unless_the_user_set_one():
+    env = {}
+    line = distributed.gpu_memory_fraction(env)
+    assert env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"} and distributed.USABLE_HBM == 0.9
+    assert line == ("GPU memory: JAX takes 90% of each GPU (XLA_PYTHON_CLIENT_MEM_FRACTION=0.9; "
+                    "set it for another share)")
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".75"}
+    assert distributed.gpu_memory_fraction(env, 0.95) == \
+        "GPU memory: JAX takes 75% of each GPU (XLA_PYTHON_CLIENT_MEM_FRACTION=.75, as set; 95% unset)"
+    assert env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".75"}
+    for bad in ("0", "1.5", "most", ""):
+        with pytest.raises(ValueError, match=f"XLA_PYTHON_CLIENT_MEM_FRACTION={bad!r}: expected a fraction in"):
+            distributed.gpu_memory_fraction({"XLA_PYTHON_CLIENT_MEM_FRACTION": bad})
+
+
 def test_maybe_initialize_passes_kwargs_and_skips_when_off(monkeypatch):
     import jax
     calls = []

@@ -1,6 +1,7 @@
 """Decode steps over the per-layer weight layout (models/qwen3_vl/decode.py) give the stacked path's logits
 and cache, for every shape family of the parity tests, with both products of a few rows by a matrix (XLA's dot over
-[in, out] matrices; the fused multiply-reduce over [out, in], and its one-row dot), whichever this host takes."""
+[in, out] matrices; the fused multiply-reduce over [out, in], and its one-row dot), whichever this host takes; and
+over a shared prefix (group decoding), the logits of the prompt cache copied to every row."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,6 +72,48 @@ def test_per_layer_steps_equal_stacked_steps(case, batch, fused_rows):
                                    atol=2e-5)
     np.testing.assert_array_equal(np.asarray(step_cache.segment_ids), np.asarray(cache.segment_ids))
     assert int(step_cache.index) == int(cache.index)
+
+
+def test_steps_over_a_shared_prefix_equal_steps_over_its_copies():
+    """G = 2 rows per prompt, 2 left-padded prompts: decode steps over one key-minor copy of each prompt's cache
+    (`prefix_cache`) plus the rows' own slots give the logits of steps over the prompt cache copied to every row."""
+    cfg = tiny()
+    model = create(cfg, seed=3)
+    prompts, group, steps = 2, 2, 3
+    inputs = _prompt(cfg, prompts, np.random.default_rng(5))
+    graphdef, state = nnx.split(model)
+    length = inputs.input_ids.shape[1]
+
+    @jax.jit
+    def run(state, inputs):
+        m = nnx.merge(graphdef, state)
+        cache = KVCache.zeros(cfg.text, prompts, length + steps)
+        hidden, cache = m.hidden_states(inputs, cache)
+        weights = decode.step_weights(m.text)
+        rows = jnp.repeat(jnp.arange(prompts), group)  # prompt-major: rows 0, 1 share prompt 0
+        copied = decode.step_cache(KVCache(cache.k[:, rows], cache.v[:, rows], cache.segment_ids[rows], cache.index))
+        prefix = decode.prefix_cache(KVCache(cache.k[:, :, :length], cache.v[:, :, :length],
+                                             cache.segment_ids[:, :length], cache.index))
+        own = decode.step_cache(KVCache.zeros(cfg.text, prompts * group, steps))
+        tokens = jnp.argmax(m.logits(hidden[:, -1:])[:, 0], axis=-1).astype(jnp.int32)[rows]
+        next_pos = (jnp.max(inputs.position_ids, axis=(0, 2)) + 1)[rows]
+        out = []
+        for step in range(steps):
+            pos = jnp.broadcast_to((next_pos + step)[None, :, None], (3, prompts * group, 1)).astype(jnp.int32)
+            h, copied = decode.step_hidden(m.text, weights, copied, tokens, pos)
+            h2, own = decode.step_hidden(m.text, weights, own, tokens, pos, prefix)
+            out.append((decode.step_logits(weights, h), decode.step_logits(weights, h2)))
+            tokens = (tokens + 7 * step + jnp.arange(prompts * group)) % cfg.text.vocab_size  # rows apart
+        return out, prefix, cache
+
+    out, prefix, cache = run(state, inputs)
+    for copies, shared in out:
+        np.testing.assert_allclose(np.asarray(shared), np.asarray(copies), atol=2e-5, rtol=1e-5)
+    for layer in range(cfg.text.num_hidden_layers):  # keys key-minor [P, KVH, hd, S], values heads-major
+        np.testing.assert_array_equal(np.asarray(prefix.k[layer]),
+                                      np.asarray(cache.k[layer, :, :length]).transpose(0, 2, 3, 1))
+        np.testing.assert_array_equal(np.asarray(prefix.v[layer]),
+                                      np.asarray(cache.v[layer, :, :length]).transpose(0, 2, 1, 3))
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -51,7 +51,8 @@ class StepWeights:
 
 
 class StepCache(NamedTuple):
-    """A KV cache with one heads-major buffer per layer: k[l], v[l] are [B, KVH, S, hd]."""
+    """A KV cache with one heads-major buffer per layer: k[l], v[l] are [B, KVH, S, hd] (`step_cache`); a shared
+    prefix's keys are key-minor, [P, KVH, hd, S] (`prefix_cache`)."""
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
     segment_ids: jax.Array  # [B, S] int32, 0 = empty or padding
@@ -130,6 +131,15 @@ def step_cache(cache: KVCache) -> StepCache:
     return StepCache(k, v, cache.segment_ids, cache.index)
 
 
+def prefix_cache(cache: KVCache) -> StepCache:
+    """Returns a prompt's stacked cache as the shared prefix of group decoding (`step_hidden`'s `prefix`): per-layer
+    keys key-minor [P, KVH, hd, S], the layout `prefix_part` multiplies without a transpose, values [P, KVH, S, hd].
+    Read-only in the decode loop, so the transposes run once per call."""
+    k = tuple(cache.k[i].transpose(0, 2, 3, 1) for i in range(cache.k.shape[0]))
+    v = tuple(cache.v[i].transpose(0, 2, 1, 3) for i in range(cache.v.shape[0]))
+    return StepCache(k, v, cache.segment_ids, cache.index)
+
+
 def _rows_dot(x: jax.Array, w: jax.Array, fused_rows: bool) -> jax.Array:
     """Returns x [N, in] times w, as [N, out], accumulated in fp32: w is [out, in] when `fused_rows`, else [in, out].
 
@@ -152,7 +162,8 @@ def step_hidden(text, weights: StepWeights, cache: StepCache, tokens: jax.Array,
 
     tokens [B] int32; position_ids [3, B, 1] (MRoPE t/h/w of the new token). Every row's new token
     has segment id 1, like the decode steps of the stacked path. `prefix`: a cache of P rows shared by
-    groups of B / P rows (prompt-major), read once per group; `cache` then holds each row's own tokens.
+    groups of B / P rows (prompt-major, laid out by `prefix_cache`), read once per group; `cache` then holds each
+    row's own tokens.
     """
     cfg, dt = text.cfg, DTYPES[text.runtime.compute_dtype]
     b = tokens.shape[0]

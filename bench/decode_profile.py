@@ -23,13 +23,10 @@ import collections
 import glob
 import re
 import tempfile
-import time
 
 import common
-import numpy as np
 from group_sampling import GROUP, NEW, cpu_model
 
-STEPS = 24
 PARTS = ("prompt attention", "LM head", "text layers", "draw: random", "other")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
 _NESTING = ("while", "conditional", "call")  # their events span the ops of their bodies, counted on their own
@@ -83,14 +80,6 @@ def op_times(trace_dir: str) -> collections.Counter:
     return totals
 
 
-def call_seconds(run, *args) -> float:
-    """Returns the wall seconds of one call of a jitted function, to its results' readiness."""
-    import jax
-    start = time.perf_counter()
-    jax.block_until_ready(run(*args))
-    return time.perf_counter() - start
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a 1,280-token prompt, one profiled call a path")
@@ -100,62 +89,32 @@ def main():
     calls, repeats = (1, 3) if args.quick else (3, 7)
 
     import jax
-    import jax.numpy as jnp
-    from flax import nnx
-    from rmsweb_jax.models.qwen3_vl import Qwen3VLConfig, create, decode
-    from rmsweb_jax.models.qwen3_vl.text import KVCache
-    from rmsweb_jax.sampling.sampler import row_keys, sample_token
+    from grouped_step import STEPS, GroupedStep, per_step_ms
+    from rmsweb_jax.models.qwen3_vl import Qwen3VLConfig, create
 
     model = create(Qwen3VLConfig.from_hf_dict(common.hf_bench_config().to_dict()))
-    graphdef, state = nnx.split(model.text)
-    weights = jax.jit(lambda s: decode.step_weights(nnx.merge(graphdef, s)))(state)
     cfg = model.text.cfg
     if prompt_len in (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, NEW, cfg.head_dim):
         raise SystemExit(f"--prompt {prompt_len}: equals one of the model's widths, so the prompt's ops could not be "
                          "told apart by their shapes; take another length")
-    rng = np.random.default_rng(0)
-
-    def cache(rows: int, slots: int, written: int, layout) -> decode.StepCache:
-        shape = (cfg.num_hidden_layers, rows, slots, cfg.num_key_value_heads, cfg.head_dim)
-        k = jnp.asarray(rng.standard_normal(shape), jnp.float32)
-        segments = jnp.asarray(np.arange(slots)[None].repeat(rows, 0) < written, jnp.int32)
-        return layout(KVCache(k, -k, segments, jnp.int32(written)))
-
-    rows = jnp.arange(GROUP, dtype=jnp.int32)
-    positions = jnp.full((3, GROUP, 1), prompt_len, jnp.int32)
-    shared = cache(1, prompt_len, prompt_len, decode.prefix_cache)
-    paths = {"cascade": (cache(GROUP, NEW, 0, decode.step_cache), shared),
-             "copy": (cache(GROUP, prompt_len + NEW, prompt_len, decode.step_cache), None)}
-
-    def whole_step(prefix):
-        def loop(state, weights, carry):
-            def body(i, carry):
-                step_cache, tokens = carry  # past its last slot the loop writes the last slot again
-                last_slot = step_cache.segment_ids.shape[1] - 1
-                step_cache = step_cache._replace(index=jnp.minimum(step_cache.index, last_slot))
-                hidden, step_cache = decode.step_hidden(nnx.merge(graphdef, state), weights, step_cache, tokens,
-                                                        positions + i, prefix)
-                keys = row_keys(jax.random.fold_in(jax.random.key(0), i), rows)
-                token, _ = sample_token(decode.step_logits(weights, hidden), keys, jnp.float32(1.0), jnp.float32(1.0),
-                                        jnp.int32(0), mode=(False, False, False))
-                return step_cache, token
-            return jax.lax.fori_loop(0, STEPS, body, carry)
-        return jax.jit(loop)
+    grouped = GroupedStep(model, prompt_len, NEW)
+    weights = grouped.weights()
+    paths = {"cascade": (grouped.own, grouped.prefix), "copy": (grouped.copied, None)}
 
     print(f"cpu: {cpu_model()}; product: {'fused' if weights.fused_rows else 'dot'} (decode.fused_rows_default)")
     print(f"model: the bench config; step: G={GROUP} rows of one {prompt_len}-token prompt, {NEW} new-token slots, "
           f"{STEPS} steps a loop; {calls} profiled call(s) a path, time unprofiled: median of {repeats}")
     found = {}
-    for path, (own, prefix) in paths.items():
-        run, carry = whole_step(prefix), (own, rows)
-        call_seconds(run, state, weights, carry)  # compiles
-        step_ms = 1000 * float(np.median([call_seconds(run, state, weights, carry) for _ in range(repeats)])) / STEPS
+    for path, (step_cache, prefix) in paths.items():
+        args = (grouped.state, weights, (step_cache, grouped.rows))
+        run = grouped.loop(grouped.whole_step(prefix)).lower(*args).compile()  # timed, profiled and read: one program
+        step_ms = per_step_ms(run, args, repeats)
         with tempfile.TemporaryDirectory() as trace_dir:
             with jax.profiler.trace(trace_dir):
                 for _ in range(calls):
-                    jax.block_until_ready(run(state, weights, carry))
+                    jax.block_until_ready(run(*args))
             totals = op_times(trace_dir)
-        instructions = hlo_instructions(run.lower(state, weights, carry).compile().as_text())
+        instructions = hlo_instructions(run.as_text())
         slots = {prompt_len, prompt_len + NEW}
         parts = collections.Counter()
         for name, ns in totals.items():

@@ -23,13 +23,9 @@ decode phase >= 2x). `--quick`: a 1,024-token prompt, one round of 3 timed loops
 from __future__ import annotations
 
 import argparse
-import time
 
 import common
-import numpy as np
 from group_sampling import GROUP, NEW, cpu_model
-
-STEPS = 24
 
 
 def main():
@@ -44,52 +40,18 @@ def main():
 
     import jax
     import jax.numpy as jnp
-    from flax import nnx
+    from grouped_step import STEPS, GroupedStep, in_slots, per_step_ms
     from rmsweb_jax.models.qwen3_vl import Qwen3VLConfig, create, decode
     from rmsweb_jax.models.qwen3_vl.config import demo
-    from rmsweb_jax.models.qwen3_vl.text import KVCache
-    from rmsweb_jax.sampling.sampler import row_keys, sample_token
+    from rmsweb_jax.sampling.sampler import row_keys
 
     model = create(demo() if args.demo else Qwen3VLConfig.from_hf_dict(common.hf_bench_config().to_dict()))
-    graphdef, state = nnx.split(model.text)
+    grouped = GroupedStep(model, prompt_len, new)
     layouts = {"dot": False, "fused": True}
-    weights = {name: jax.jit(lambda s, fused=fused: decode.step_weights(nnx.merge(graphdef, s), fused))(state)
-               for name, fused in layouts.items()}
-    cfg = model.text.cfg
-    rng = np.random.default_rng(0)
-
-    def cache(rows: int, slots: int, written: int, layout=decode.step_cache) -> decode.StepCache:
-        shape = (cfg.num_hidden_layers, rows, slots, cfg.num_key_value_heads, cfg.head_dim)
-        k = jnp.asarray(rng.standard_normal(shape), jnp.float32)
-        segments = jnp.asarray(np.arange(slots)[None].repeat(rows, 0) < written, jnp.int32)
-        return layout(KVCache(k, -k, segments, jnp.int32(written)))
-
-    copied, own = cache(GROUP, prompt_len + new, prompt_len), cache(GROUP, new, 0)
-    prefix = cache(1, prompt_len, prompt_len, decode.prefix_cache)
-    rows = jnp.arange(GROUP, dtype=jnp.int32)
-    positions = jnp.full((3, GROUP, 1), prompt_len, jnp.int32)
-
-    def loop(body):
-        """Returns STEPS steps of body(text, weights, i, carry) as one jitted fori_loop."""
-        return jax.jit(lambda state, weights, carry: jax.lax.fori_loop(
-            0, STEPS, lambda i, c: body(nnx.merge(graphdef, state), weights, i, c), carry))
-
-    def per_step_ms(run, carry, weights) -> float:
-        """Median ms per step of `run` (a loop), over `repeats` calls after one untimed call."""
-        jax.block_until_ready(run(state, weights, carry))
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(run(state, weights, carry))
-            times.append(time.perf_counter() - start)
-        return 1000 * float(np.median(times)) / STEPS
-
-    def in_slots(step_cache):  # the loop writes the cache's last slot again past its end, at the same cost
-        return step_cache._replace(index=jnp.minimum(step_cache.index, step_cache.segment_ids.shape[1] - 1))
-
-    def sample(logits, i):  # the sampler's draw at temperature 1, no top-k / top-p, one key per row
-        return sample_token(logits, row_keys(jax.random.fold_in(jax.random.key(0), i), rows), jnp.float32(1.0),
-                            jnp.float32(1.0), jnp.int32(0), mode=(False, False, False))
+    weights = {name: grouped.weights(fused) for name, fused in layouts.items()}
+    cfg, rng, state = grouped.cfg, grouped.rng, grouped.state
+    copied, own, prefix = grouped.copied, grouped.own, grouped.prefix
+    rows, positions, sample = grouped.rows, grouped.positions, grouped.sample
 
     def hidden(shared):
         def body(text, weights, i, carry):
@@ -100,13 +62,6 @@ def main():
 
     def head(text, weights, i, x):
         return x + 1e-9 * decode.step_logits(weights, x).sum(axis=1, keepdims=True)
-
-    def whole_step(shared):  # the three parts in one loop, the next step's tokens drawn by this one
-        def body(text, weights, i, carry):
-            step_cache, tokens = carry
-            x, step_cache = decode.step_hidden(text, weights, in_slots(step_cache), tokens, positions + i, shared)
-            return step_cache, sample(decode.step_logits(weights, x), i)[0]
-        return body
 
     logits = jnp.asarray(rng.standard_normal((GROUP, cfg.vocab_size)), jnp.float32)
 
@@ -130,14 +85,14 @@ def main():
             ("head", head, jnp.ones((GROUP, cfg.hidden_size), jnp.float32)))})
     host = "fused" if decode.fused_rows_default() else "dot"
     for path, cache_, shared in (("copy", copied, None), ("cascade", own, prefix)):
-        parts[(f"{path}_step", host)] = (whole_step(shared), (cache_, rows), weights[host])
+        parts[(f"{path}_step", host)] = (grouped.whole_step(shared), (cache_, rows), weights[host])
     parts[("draw", "now")] = (draw, jnp.float32(0), weights["dot"])
     parts[("draw", "categorical")] = (categorical_draw, jnp.float32(0), weights["dot"])
-    parts = {name: (loop(body), carry, step_weights) for name, (body, carry, step_weights) in parts.items()}
+    parts = {name: (grouped.loop(body), carry, step_weights) for name, (body, carry, step_weights) in parts.items()}
     ms = {name: [] for name in parts}  # each loop compiles once, in its first round
     for _ in range(rounds):  # rounds alternate the parts (this VM's speed drifts); each part keeps its best
         for name, (run, carry, step_weights) in parts.items():
-            ms[name].append(per_step_ms(run, carry, step_weights))
+            ms[name].append(per_step_ms(run, (state, step_weights, carry), repeats))
     ms = {name: min(t) for name, t in ms.items()}
     weight_mb = decode.copy_bytes(model.text) / 1e6
     head_mb = cfg.vocab_size * cfg.hidden_size * 4 / 1e6

@@ -34,7 +34,9 @@ import numpy as np  # noqa: E402
 from bench.report import emit  # noqa: E402
 
 GOAL = 1.0  # ours / torch tokens/s, at least
-GPU_MEMORY_FRACTION = "0.95"  # JAX's share of GPU memory unless XLA_PYTHON_CLIENT_MEM_FRACTION is given (main says why)
+# JAX's share of GPU memory unless XLA_PYTHON_CLIENT_MEM_FRACTION is given: at JAX's default 0.75 every variant of
+# ours ran out of memory at this shape on an H200 (2026-12-04); at 0.95 all ran, torch's side too.
+GPU_MEMORY_FRACTION = 0.95
 
 
 def qwen3_vl_2b(layers: int = 28):
@@ -162,9 +164,8 @@ def main():
     args = parser.parse_args()
     if args.cpu_dry_run:
         os.environ["JAX_PLATFORMS"] = "cpu"
-    # The share of GPU memory JAX's client takes (read when it starts, below): at JAX's default 0.75 every variant
-    # of ours ran out of memory at this shape on an H200 (2026-12-04); at 0.95 all ran, torch's side too.
-    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", GPU_MEMORY_FRACTION)
+    from rmsweb_jax.distributed import GPU_MEMORY_VAR, gpu_memory_fraction
+    memory_line = gpu_memory_fraction(fraction=GPU_MEMORY_FRACTION)  # before JAX's client starts, below
     import jax
     from train_step import model_flops_per_step
     from rmsweb_jax.models.qwen3_vl import tiny
@@ -190,9 +191,7 @@ def main():
         print(f"torch failed: {type(e).__name__}: {str(e)[:400]}", flush=True)
         torch_s = torch_first = None
     peak = None if args.cpu_dry_run else peak_bf16_tflops()
-    share = os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"]
-    print(f"device {jax.devices()[0].device_kind}; JAX takes {share} of its memory (XLA_PYTHON_CLIENT_MEM_FRACTION, "
-          f"{'as set' if share != GPU_MEMORY_FRACTION else 'this bench sets it unless given'})", flush=True)
+    print(f"device {jax.devices()[0].device_kind}; {memory_line}", flush=True)
     print(f"model {cfg.text.num_hidden_layers} text layers, "
           f"batch {batch} x {length}; {flops / 1e12:.1f} TFLOP/step; bf16 matmul peak "
           f"{peak if peak is None else round(peak, 1)} TFLOP/s", flush=True)
@@ -218,7 +217,7 @@ def main():
     anchor = None if torch_s is None else tokens / torch_s
     extra = {} if peak is None or best is None else dict(mfu=round(flops / best / 1e12 / peak, 3),
                                                         peak_tflops=round(peak, 1))
-    extra["jax_memory_fraction"] = share
+    extra["jax_memory_fraction"] = os.environ[GPU_MEMORY_VAR]
     emit("gpu_train_step", ours, anchor, "tokens/s", GOAL, **extra)
 
 

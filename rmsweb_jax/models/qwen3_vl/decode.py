@@ -126,16 +126,20 @@ def step_weights(text, fused_rows: bool | None = None) -> StepWeights:
 
 def step_cache(cache: KVCache) -> StepCache:
     """Returns the stacked [L, B, S, KVH, hd] cache as per-layer heads-major buffers."""
-    k = tuple(cache.k[i].transpose(0, 2, 1, 3) for i in range(cache.k.shape[0]))
-    v = tuple(cache.v[i].transpose(0, 2, 1, 3) for i in range(cache.v.shape[0]))
-    return StepCache(k, v, cache.segment_ids, cache.index)
+    return _per_layer(cache, key_axes=(0, 2, 1, 3))
 
 
 def prefix_cache(cache: KVCache) -> StepCache:
     """Returns a prompt's stacked cache as the shared prefix of group decoding (`step_hidden`'s `prefix`): per-layer
     keys key-minor [P, KVH, hd, S], the layout `prefix_part` multiplies without a transpose, values [P, KVH, S, hd].
     Read-only in the decode loop, so the transposes run once per call."""
-    k = tuple(cache.k[i].transpose(0, 2, 3, 1) for i in range(cache.k.shape[0]))
+    return _per_layer(cache, key_axes=(0, 2, 3, 1))
+
+
+def _per_layer(cache: KVCache, key_axes: tuple[int, ...]) -> StepCache:
+    """Returns the stacked cache as one buffer per layer: keys [B, S, KVH, hd] transposed to `key_axes`, values
+    heads-major [B, KVH, S, hd]."""
+    k = tuple(cache.k[i].transpose(key_axes) for i in range(cache.k.shape[0]))
     v = tuple(cache.v[i].transpose(0, 2, 1, 3) for i in range(cache.v.shape[0]))
     return StepCache(k, v, cache.segment_ids, cache.index)
 

@@ -14,8 +14,9 @@ A Grain pipeline over `SFTView` (the successful steps, reflection-free):
       -> BucketBatchDataset | PackBatchDataset                              (data/batching.py)
       -> mp_prefetch(worker_count)                                          (when worker_count > 0)
 
-Hosts read disjoint, equal slices of the training examples (strided by process index; the
-remainder of n / process_count is left out), each yielding its own rows of the global batch.
+Feeds (train/feeds.py: the processes that hold the same rows of the batch) read disjoint, equal slices of
+the training examples (strided by feed index; the remainder of n / feed_count is left out), each yielding its
+own rows of the global batch; the processes of one feed read the same slice.
 The iterator state is Grain's (JSON), saved with every checkpoint; a resumed run continues with
 the batches the uninterrupted run would have seen, given the same store, config and worker count
 (Grain gives each worker a fixed slice, so the worker count is part of the order).
@@ -126,16 +127,16 @@ def split_by_task(view: SFTView, held_out_fraction: float, seed: int) -> Split:
     return Split(np.flatnonzero(~held), np.flatnonzero(held), out_keys)
 
 
-def host_indices(indices: Sequence[int], process_index: int, process_count: int) -> np.ndarray:
-    """Returns this host's share of `indices`: every process_count-th from process_index, all hosts
+def host_indices(indices: Sequence[int], feed_index: int, feed_count: int) -> np.ndarray:
+    """Returns this feed's share of `indices`: every feed_count-th from feed_index, all feeds
     the same number (the remainder is left out, so every host's epoch has the same length)."""
-    if process_count < 1 or not 0 <= process_index < process_count:
-        raise ValueError(f"process_index {process_index} / process_count {process_count}: expected 0 <= index < count")
+    if feed_count < 1 or not 0 <= feed_index < feed_count:
+        raise ValueError(f"feed_index {feed_index} / feed_count {feed_count}: expected 0 <= index < count")
     indices = np.asarray(indices, np.int64)
-    per_host = len(indices) // process_count
+    per_host = len(indices) // feed_count
     if per_host == 0:
-        raise ValueError(f"{len(indices)} training examples cannot be shared by {process_count} hosts")
-    return indices[process_index::process_count][:per_host]
+        raise ValueError(f"{len(indices)} training examples cannot be shared by {feed_count} feeds")
+    return indices[feed_index::feed_count][:per_host]
 
 
 class IndexedSource:
@@ -227,10 +228,10 @@ class EncodeSFTExample(grain.transforms.Map):
 
 # ---- the pipeline -----------------------------------------------------------------------------------------
 def example_dataset(view: SFTView, indices: Sequence[int], encoder: EncodeSFTExample, *, seed: int,
-                    process_index: int = 0, process_count: int = 1, epochs: int | None = None) -> grain.MapDataset:
+                    feed_index: int = 0, feed_count: int = 1, epochs: int | None = None) -> grain.MapDataset:
     """Returns this host's encoded examples, shuffled with `seed` (a new order each epoch), repeated
     `epochs` times (None: forever)."""
-    source = IndexedSource(view, host_indices(indices, process_index, process_count))
+    source = IndexedSource(view, host_indices(indices, feed_index, feed_count))
     ds = grain.MapDataset.source(source).seed(seed).shuffle()
     return ds.repeat(epochs).map(encoder)
 
@@ -248,14 +249,14 @@ class SFTBatches:
     """The trainer's batch source over SFT examples: contract batches of `rows` rows, resumable.
 
     `encoder` turns a stored step into tokens (the model's tokenizer and image processor, the prompt
-    every stage builds, config.data.mask); `rows` is this process's share of the global batch
-    (config.train.batch_size / process count).
+    every stage builds, config.data.mask); `rows` is this feed's share of the global batch
+    (config.train.batch_size / feed count, Trainer.local_rows).
     Iterating starts the Grain pipeline (worker processes when config.data.worker_count > 0);
     `close()` (or the context manager) stops them.
     """
 
     def __init__(self, view: SFTView, indices: Sequence[int], cfg: SFTDataConfig, encoder: EncodeSFTExample, *,
-                 rows: int, pad_id: int = 0, process_index: int = 0, process_count: int = 1,
+                 rows: int, pad_id: int = 0, feed_index: int = 0, feed_count: int = 1,
                  epochs: int | None = None):
         if encoder.mask != cfg.mask:
             raise ValueError(f"the encoder masks {encoder.mask!r} but config.data.mask = {cfg.mask!r}: build it "
@@ -263,9 +264,9 @@ class SFTBatches:
         self.cfg, self.rows = cfg, rows
         image_config = encoder.image_config
         check_provenance(view.store_dir, provenance(encoder.builder.config, encoder.tokenizer, image_config))  # warns
-        examples = example_dataset(view, indices, encoder, seed=cfg.seed, process_index=process_index,
-                                   process_count=process_count, epochs=epochs)
-        self.examples_per_epoch = len(indices) // process_count  # this host's
+        examples = example_dataset(view, indices, encoder, seed=cfg.seed, feed_index=feed_index,
+                                   feed_count=feed_count, epochs=epochs)
+        self.examples_per_epoch = len(indices) // feed_count  # this feed's
         read = grain.ReadOptions(num_threads=cfg.read_threads, prefetch_buffer_size=cfg.read_buffer_size)
         ds = batch_dataset(examples.to_iter_dataset(read), cfg.batching, rows=rows,
                            buckets=cfg.bucket_spec(image_config), pad_id=pad_id, too_long=cfg.too_long)

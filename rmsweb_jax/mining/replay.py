@@ -202,12 +202,14 @@ class ReferenceLogprobs:
 
     def _over_processes(self, encoded: list[dict], length: int, patches: int) -> list[float]:
         """Returns the log-probs of `encoded` (the same rows on every process) from one forward pass on the
-        global mesh: each process places its block of the rows (padded to a whole number of rows per local
-        device), and the per-row results are gathered back into `encoded`'s order."""
-        model, me, hosts = self.chat_model, jax.process_index(), jax.process_count()
+        global mesh: each feed (train/feeds.py) places its block of the rows (padded to a whole number of rows
+        per row shard it holds), and the per-row results are gathered back into `encoded`'s order."""
+        model = self.chat_model
         mesh = jax.tree.leaves(self.parts.params)[0].sharding.mesh  # the mesh the model was loaded on
-        local = round_up(-(-len(encoded) // hosts), jax.local_device_count())
-        mine = encoded[me * local:(me + 1) * local]
+        layout = batch_lib.batch_feeds(mesh, DEFAULT_RULES)
+        shards = batch_lib.data_parallel_size(mesh) // layout.count  # row shards of one feed
+        local = round_up(-(-len(encoded) // layout.count), shards)
+        mine = encoded[layout.index * local:(layout.index + 1) * local]
         host = assemble([[e] for e in mine] + [[]] * (local - len(mine)), length, patches,
                         model.image_config.patch_dim, pad_id=model.pad_id)
         batch = batch_lib.prepare_batch(host, model.model.config, 1, rows=local, mesh=mesh, rules=DEFAULT_RULES,
@@ -215,9 +217,9 @@ class ReferenceLogprobs:
         placed = batch_lib.to_global(batch, batch_lib.batch_shardings(batch, mesh, DEFAULT_RULES))
         logps = np.asarray(multihost_utils.process_allgather(
             sequence_logprobs(self._fn(self.parts.params, placed), placed.weights), tiled=True))[0]
-        owners = row_owners(batch_lib.row_sharding(mesh, DEFAULT_RULES, (1, local * hosts, length), 1),
-                            (1, local * hosts, length))
-        at = {(int(p), int(r)): g for g, (p, r) in enumerate(owners)}
+        shape = (1, local * layout.count, length)
+        owners = row_owners(batch_lib.row_sharding(mesh, DEFAULT_RULES, shape, 1), shape)
+        at = {(layout.of_process(int(p)), int(r)): g for g, (p, r) in enumerate(owners)}
         return [float(logps[at[(j // local, j % local)]]) for j in range(len(encoded))]
 
 

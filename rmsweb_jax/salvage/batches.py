@@ -102,7 +102,7 @@ class BatchInfo:
 
 
 def salvage_batch(policy: Sequence[dict], anchors: Sequence[dict], buckets: Buckets, batch_size: int, *,
-                  pad_id: int = 0, process_index: int = 0, process_count: int = 1, grounding: Sequence[dict] = ()
+                  pad_id: int = 0, feed_index: int = 0, feed_count: int = 1, grounding: Sequence[dict] = ()
                   ) -> tuple[dict[str, np.ndarray], BatchInfo]:
     """Returns (this process's rows of the global batch, what it holds). The batch follows the
     trainer's contract plus `advantage` [b], `anchor` [b] and `token_old_logprobs` [b, L] (zeros).
@@ -122,10 +122,11 @@ def salvage_batch(policy: Sequence[dict], anchors: Sequence[dict], buckets: Buck
             raise OversizeError(f"Salvage-DS row {row['name']}: {buckets.describe(tokens, patches)}; raise "
                                 "config.data.buckets / bucket_patches or lower config.salvage.max_new_tokens")
         bucket = max(bucket, b)
-    if batch_size % process_count:
-        raise UserError(f"config.train.batch_size = {batch_size} does not split over {process_count} processes")
-    local = batch_size // process_count
-    mine = (rows + [None] * (batch_size - len(rows)))[process_index * local:(process_index + 1) * local]
+    if batch_size % feed_count:
+        raise UserError(f"config.train.batch_size = {batch_size} does not split over {feed_count} feeds (groups "
+                        "of processes that hold distinct rows)")
+    local = batch_size // feed_count
+    mine = (rows + [None] * (batch_size - len(rows)))[feed_index * local:(feed_index + 1) * local]
     length, patches = buckets.lengths[bucket], buckets.patches[bucket]
     batch = assemble([[] if r is None else [r] for r in mine], length, local * patches, buckets.patch_dim, pad_id)
     batch["advantage"] = np.asarray([0.0 if r is None else r["advantage"] for r in mine], np.float32)

@@ -140,7 +140,7 @@ class SalvageDSLearner:
         """Returns (this process's rows of the update's batch, BatchInfo)."""
         policy, anchors, grounding = self.build_rows(draw)
         return salvage_batch(policy, anchors, self.buckets, self.batch_size, pad_id=self.pad_id,
-                             process_index=jax.process_index(), process_count=jax.process_count(),
+                             feed_index=self.actor.feeds.index, feed_count=self.actor.feeds.count,
                              grounding=grounding)
 
     def old_logprobs(self, batch: dict) -> None:

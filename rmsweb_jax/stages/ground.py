@@ -80,7 +80,7 @@ def run(config, workdir: pathlib.Path) -> dict:
         f"{data.batching} batches of {trainer.settings.batch_size} rows")
     encoder = EncodeGroundingRow(trainer.init_dir, image_config, prompt, mask=data.mask)
     with SFTBatches(examples, np.arange(len(examples)), data, encoder, rows=trainer.local_rows, pad_id=pad_id,
-                    process_index=jax.process_index(), process_count=jax.process_count()) as batches:
+                    feed_index=trainer.feeds.index, feed_count=trainer.feeds.count) as batches:
         result = trainer.fit(batches)
     losses = loss_summary(result.run_dir / "metrics.jsonl")
     probe = held_out_probe(config, workdir, view, split, prompt, kinds, result.hf_dir)

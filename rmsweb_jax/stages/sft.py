@@ -127,7 +127,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     else:
         encoder = EncodeSFTExample(trainer.init_dir, image_config, prompt, mask=data.mask)
     with SFTBatches(source, indices, data, encoder, rows=trainer.local_rows, pad_id=pad_id,
-                    process_index=jax.process_index(), process_count=jax.process_count()) as batches:
+                    feed_index=trainer.feeds.index, feed_count=trainer.feeds.count) as batches:
         result = trainer.fit(batches)
     losses = loss_summary(result.run_dir / "metrics.jsonl")  # the first and last logged windows' means
     summary = {"steps": result.step, "resumed_from": result.resumed_from, "train_examples": len(split.train),

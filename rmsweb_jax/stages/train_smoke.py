@@ -37,7 +37,7 @@ def run(config, workdir: pathlib.Path) -> dict:
     smoke = config.train_smoke
     examples = random_examples(trainer.model_config, count=smoke.examples, seq_len=smoke.seq_len, seed=smoke.seed)
     source = SyntheticBatches(examples, batch_size=trainer.settings.batch_size, seed=smoke.seed,
-                              process_index=jax.process_index(), process_count=jax.process_count())
+                              feed_index=trainer.feeds.index, feed_count=trainer.feeds.count)
     result = trainer.fit(source)
     summary = {"steps": result.step, "resumed_from": result.resumed_from, "last_metrics": result.last_metrics,
                "hf_dir": None if result.hf_dir is None else str(result.hf_dir)}

@@ -1,7 +1,9 @@
 """The batch contract between a data pipeline and the trainer, and its host-side preparation.
 
 A data pipeline hands the trainer one dict of numpy arrays per step: this process's rows of the
-global batch, B = config.train.batch_size / jax.process_count() rows of L tokens:
+global batch, B = config.train.batch_size / F rows of L tokens, F the mesh's feeds (train/feeds.py: the
+processes whose devices hold the same rows feed the same rows; F = jax.process_count() unless a tensor group
+spans hosts):
 
   input_ids       int   [B, L]  token ids.
   segment_ids     int   [B, L]  0 = padding; 1, 2, ... = the sequences packed into a row (a row holding
@@ -33,9 +35,9 @@ weights[t] = loss_mask[t + 1], with weight 0 at the last position; every `token_
 same way (so extras['token_x'][t] goes with targets[t] and weights[t]). `to_global` assembles the
 global jax.Arrays over the mesh with `jax.make_array_from_process_local_data`.
 
-With several processes, per-row arrays stay per process (each process places its own rows) but the
+With several processes, per-row arrays stay per feed (each process places its feed's rows) but the
 vision inputs, replicated on the mesh, are those of the whole global batch: every process gathers
-all processes' images and builds the same ones (global_images.py says why and how).
+every feed's images and builds the same ones (global_images.py says why and how).
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl import rope
 from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig
 from rmsweb_jax.models.qwen3_vl.model import ModelInputs, VisionInputs, check_vision_window
-from rmsweb_jax.train import global_images
+from rmsweb_jax.train import feeds, global_images
 from rmsweb_jax.train.image_batch import RowImages, microbatch_vision, patch_budget, row_images, stack
 
 CONTRACT_KEYS = ("input_ids", "segment_ids", "attention_mask", "loss_mask", "pixel_values", "image_grid_thw")
@@ -69,8 +71,9 @@ class TrainBatch(NamedTuple):
         return int(self.targets.shape[0])
 
 
-def check_batch_layout(batch_size: int, microbatches: int, mesh, process_count: int = 1) -> int:
-    """Returns the rows per microbatch, or raises naming the batch size, microbatches and mesh shape."""
+def check_batch_layout(batch_size: int, microbatches: int, mesh, feed_count: int = 1) -> int:
+    """Returns the rows per microbatch, or raises naming the batch size, microbatches and mesh shape.
+    feed_count: the parts the batch splits into over processes (batch_feeds(mesh, rules).count)."""
     if batch_size < 1 or microbatches < 1:
         raise UserError(f"config.train.batch_size = {batch_size} and config.train.microbatches = {microbatches}: "
                         "both must be >= 1")
@@ -84,10 +87,21 @@ def check_batch_layout(batch_size: int, microbatches: int, mesh, process_count: 
                         f"rows per microbatch, which do not divide over the mesh's data x fsdp = {shards} devices "
                         f"(mesh shape {_mesh_shape(mesh)}); use a batch size that is a multiple of "
                         f"{shards * microbatches}")
-    if batch_size % process_count or (batch_size // process_count) % microbatches:
+    if batch_size % feed_count or (batch_size // feed_count) % microbatches:
         raise UserError(f"config.train.batch_size = {batch_size} does not split into {microbatches} microbatch(es) "
-                        f"on each of {process_count} processes")
+                        f"on each of the {feed_count} groups of processes that feed distinct rows (mesh shape "
+                        f"{_mesh_shape(mesh)} over {jax.process_count()} processes)")
     return rows
+
+
+def batch_feeds(mesh, rules=sharding.DEFAULT_RULES) -> feeds.FeedLayout:
+    """Returns the feeds of the batch rows on `mesh` (train/feeds.py): which processes feed the same rows."""
+    if jax.process_count() == 1:
+        return feeds.SINGLE
+    if mesh is None:  # no mesh to read: each process its own rows (prepare_batch refuses images without one)
+        return feeds.FeedLayout(tuple((p,) for p in range(jax.process_count())), jax.process_index())
+    shards = data_parallel_size(mesh)
+    return feeds.row_feeds(row_sharding(mesh, rules, (shards,), 0), shards)
 
 
 def data_parallel_size(mesh) -> int:
@@ -248,7 +262,7 @@ def _global_vision(b, config: Qwen3VLConfig, images, microbatches: int, mesh, ru
         raise ValueError(f"{jax.process_count()} processes need a mesh over their devices to place a batch "
                          "(config.mesh.shape has 1 device)")
     n_rows, length = b["input_ids"].shape
-    shape = (microbatches, n_rows // microbatches * jax.process_count(), length)
+    shape = (microbatches, n_rows // microbatches * batch_feeds(mesh, rules).count, length)
     given = b["pixel_values"].shape[0] if "pixel_values" in b else 0
     return global_images.gathered_vision(config, images, n_rows, given, microbatches,
                                          row_sharding(mesh, rules, shape, 1), shape)
@@ -294,11 +308,12 @@ def batch_shardings(batch: TrainBatch, mesh, rules=sharding.DEFAULT_RULES) -> Tr
     """
     if mesh is None:
         return None
+    count = batch_feeds(mesh, rules).count
 
     def rows(x, row_axis=1):
         shape = list(x.shape)
-        if not isinstance(x, jax.Array):  # host rows of this process: the global array has them all
-            shape[row_axis] *= jax.process_count()
+        if not isinstance(x, jax.Array):  # host rows of this process's feed: the global array has every feed's
+            shape[row_axis] *= count
         return row_sharding(mesh, rules, shape, row_axis)
 
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -319,23 +334,30 @@ def row_sharding(mesh, rules, global_shape, row_axis: int) -> NamedSharding:
 
 
 def to_global(batch: TrainBatch, shardings: TrainBatch | None) -> TrainBatch:
-    """Returns the TrainBatch as global jax.Arrays: this process's rows placed with
-    `jax.make_array_from_process_local_data` (plain device_put without a mesh)."""
+    """Returns the TrainBatch as global jax.Arrays: this process's feed's rows placed with
+    `jax.make_array_from_process_local_data` (plain device_put without a mesh); processes of one feed hand it
+    the same rows (train/feeds.py)."""
     if shardings is None:
         return jax.tree.map(jax.device_put, batch)
+    count = _feed_count(shardings.targets, row_axis=1)
 
     def place(x, s):
-        if s.is_fully_replicated:  # vision inputs: the same global array on every process
-            return jax.make_array_from_process_local_data(s, x, x.shape)
-        return jax.make_array_from_process_local_data(s, x)
+        shape = list(x.shape)
+        for axis, entry in enumerate(s.spec):  # the rows' axis (the only split one): every feed's rows
+            if entry is not None:
+                shape[axis] *= count
+        return jax.make_array_from_process_local_data(s, x, tuple(shape))
 
-    placed = jax.tree.map(place, batch, shardings)
-    local, rows = batch.targets.shape[1], placed.targets.shape[1]
-    if rows != local * jax.process_count():
-        raise ValueError(f"{jax.process_count()} processes' {local} rows per microbatch were placed as {rows} global "
-                         f"rows under {shardings.targets}: the mesh must split the batch axes (data, fsdp) across "
-                         "processes, each process holding its own rows")
-    return placed
+    return jax.tree.map(place, batch, shardings)
+
+
+def _feed_count(row_sharding_: NamedSharding, row_axis: int) -> int:
+    """Returns how many feeds the rows of arrays placed with `row_sharding_` split into (train/feeds.py)."""
+    spec = tuple(row_sharding_.spec) + (None,) * (row_axis + 1)
+    entry = spec[row_axis]
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    shards = int(np.prod([row_sharding_.mesh.shape[a] for a in axes]))
+    return feeds.row_feeds(row_sharding_, shards, row_axis, row_axis + 1).count if shards > 1 else 1
 
 
 def local_rows(array, row_axis: int = 1) -> np.ndarray:
@@ -356,14 +378,14 @@ def local_rows(array, row_axis: int = 1) -> np.ndarray:
     return np.concatenate(full, axis=row_axis)
 
 
-def batch_counts(batch: TrainBatch) -> dict[str, float]:
+def batch_counts(batch: TrainBatch, feed_count: int = 1) -> dict[str, float]:
     """Returns this process's token counts (real tokens, target tokens, real image patches) for metrics.
 
     With several processes the vision inputs are the whole batch's: patches and images are then this
-    process's share (the total / process count), so that the loop's sum over processes is the total.
+    feed's share (the total / feed count), so that the loop's sum over the feeds' leads is the total.
     """
     vision = batch.inputs.vision
-    share = 1 / jax.process_count() if jax.process_count() > 1 else 1
+    share = 1 / feed_count
     return {"tokens": int((np.asarray(batch.inputs.segment_ids) > 0).sum()),
             "target_tokens": int((np.asarray(batch.weights) != 0).sum()),
             "patches": 0 if vision is None else int((np.asarray(vision.segment_ids) > 0).sum()) * share,

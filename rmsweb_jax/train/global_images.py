@@ -7,7 +7,8 @@ to no mesh axis). So a microbatch's VisionInputs must list the images of every g
 row order, with no padding between one process's images and the next. A process holds only its own
 rows' images: here every process's images are gathered (`multihost_utils.process_allgather`) and each
 process assembles the same global VisionInputs from the same parts, in the order the rows take in the
-global arrays, read from the rows' sharding (`row_owners`) rather than assumed.
+global arrays, read from the rows' sharding (`row_owners`) rather than assumed. Processes of one feed
+(train/feeds.py: a tensor group over several hosts) hold the same rows: their lead's part stands for them.
 
 Shapes stay static: the gather pads every process's patches to the largest patch bucket (pixel_values
 rows) of any process, and the global patch budget starts from that bucket x process count (then
@@ -27,7 +28,7 @@ from jax.experimental import multihost_utils
 
 from rmsweb_jax.models.qwen3_vl.config import Qwen3VLConfig
 from rmsweb_jax.models.qwen3_vl.model import VisionInputs
-from rmsweb_jax.train import image_batch
+from rmsweb_jax.train import feeds, image_batch
 
 
 class ProcessImages(NamedTuple):
@@ -83,23 +84,22 @@ def row_owners(row_sharding: jax.sharding.Sharding, global_shape: Sequence[int],
     `global_shape` placed with `row_sharding` by jax.make_array_from_process_local_data.
 
     That function maps a process's local rows, in order, onto the row slices of its devices sorted by
-    start; so does this. Raises when a row belongs to several processes (rows replicated across
-    processes: each process would then have to hold the same rows, not its own).
+    start; so does this. A row held by the processes of one feed (train/feeds.py) is named by the feed's
+    lead (its lowest process); raises when processes hold overlapping but different rows.
     """
     n = int(global_shape[row_axis])
+    layout = feeds.row_feeds(row_sharding, n, row_axis, len(global_shape))
+    leads = {group[0] for group in layout.groups}
     slices: dict[int, set[tuple[int, int]]] = {}
     for device, index in row_sharding.devices_indices_map(tuple(global_shape)).items():
+        if device.process_index not in leads:
+            continue
         start, stop, _ = index[row_axis].indices(n)
         slices.setdefault(device.process_index, set()).add((start, stop))
     owners = np.full((n, 2), -1, np.int64)
     for process, spans in sorted(slices.items()):
         local = 0
         for start, stop in sorted(spans):
-            if (owners[start:stop, 0] >= 0).any():
-                raise ValueError(f"rows {start}..{stop - 1} of the global batch {tuple(global_shape)} sit on processes "
-                                 f"{sorted({int(owners[start, 0]), process})} under sharding {row_sharding}: each "
-                                 "process must hold its own rows; shard the mesh's batch axes (data, fsdp) across "
-                                 "processes")
             owners[start:stop, 0] = process
             owners[start:stop, 1] = np.arange(local, local + stop - start)
             local += stop - start
@@ -146,4 +146,8 @@ def gathered_vision(config: Qwen3VLConfig, images, n_rows: int, given: int, micr
     or None) and every other process's, gathered; a collective that every process must call each step."""
     part = local_part(images, n_rows, given, config.vision.patch_dim)
     parts = gather_parts(part, config.vision.spatial_merge_size ** 2)
-    return global_vision(config, parts, row_owners(row_sharding, global_shape), microbatches)
+    owners = row_owners(row_sharding, global_shape)
+    leads = sorted({int(p) for p in owners[:, 0]})  # one process per feed: the others hold the same rows
+    at = {p: i for i, p in enumerate(leads)}
+    owners = np.stack([[at[int(p)] for p in owners[:, 0]], owners[:, 1]], axis=1)
+    return global_vision(config, [parts[p] for p in leads], owners, microbatches)

@@ -93,8 +93,11 @@ class Trainer:
         self.run_dir = self.workdir / name
         self.settings = s = TrainSettings.from_config(config.get("train"))
         self.mesh, self.rules = mesh_from_config(config), rules_from_config(config)
-        batch_lib.check_batch_layout(s.batch_size, s.microbatches, self.mesh, jax.process_count())
-        self.local_rows = s.batch_size // jax.process_count()
+        # A process feeds the rows its devices hold: processes whose devices hold the same rows (a tensor group
+        # over several hosts) feed the same ones, so the batch splits over feeds, not processes (train/feeds.py).
+        self.feeds = batch_lib.batch_feeds(self.mesh, self.rules)
+        batch_lib.check_batch_layout(s.batch_size, s.microbatches, self.mesh, self.feeds.count)
+        self.local_rows = s.batch_size // self.feeds.count
         self.tx = make_optimizer(s.optimizer)
         self.schedule = learning_rate_schedule(s.optimizer)
         self.is_writer = jax.process_index() == 0
@@ -217,7 +220,7 @@ class Trainer:
         batch = batch_lib.prepare_batch(host_batch, self.model_config, self.settings.microbatches, rows=self.local_rows,
                                         mesh=self.mesh, rules=self.rules,
                                         vision_window=int(self.config.model.vision_window))
-        counts = batch_lib.batch_counts(batch)
+        counts = batch_lib.batch_counts(batch, self.feeds.count)
         placed = batch_lib.to_global(batch, batch_lib.batch_shardings(batch, self.mesh, self.rules))
         self.profiler.before_step(self.step_count + 1)
         self.state, metrics = self.train_step(self.state, placed)
@@ -341,8 +344,9 @@ class Trainer:
         if not window:
             return
         timed = [w for w in window if w["timed"]]
-        target_tokens, tokens, flops = _over_processes([sum(w["target_tokens"] for w in window),
-                                                        sum(w["tokens"] for w in timed), sum(w["flops"] for w in timed)])
+        target_tokens, tokens, flops = _over_feeds([sum(w["target_tokens"] for w in window),
+                                                    sum(w["tokens"] for w in timed), sum(w["flops"] for w in timed)],
+                                                   self.feeds)
         out = {"loss": float(np.mean([w["loss"] for w in window])), "grad_norm": window[-1]["grad_norm"],
                "param_norm": window[-1]["param_norm"], "learning_rate": window[-1].get("learning_rate"),
                "target_tokens": target_tokens}
@@ -379,12 +383,14 @@ class Trainer:
         raise NonFiniteError(message, step)
 
 
-def _over_processes(local: list[float]) -> list[float]:
-    """Returns the sums of `local` (this process's counts) over all processes: a Salvage-DS batch's rows are
-    not spread evenly (anchor rows fill the first processes' rows), so count x process_count would be wrong."""
+def _over_feeds(local: list[float], layout) -> list[float]:
+    """Returns the sums of `local` (this process's counts of its feed's rows) over the feeds: a Salvage-DS batch's
+    rows are not spread evenly (anchor rows fill the first feeds' rows), so count x feeds would be wrong, and the
+    processes of one feed hold the same rows, so only the feed's lead counts them."""
     if jax.process_count() == 1:
         return [float(x) for x in local]
-    gathered = multihost_utils.process_allgather(np.asarray(local, np.float64))
+    share = 1.0 if layout.leads else 0.0
+    gathered = multihost_utils.process_allgather(np.asarray(local, np.float64) * share)
     return [float(x) for x in np.asarray(gathered).reshape(jax.process_count(), -1).sum(axis=0)]
 
 

@@ -44,18 +44,18 @@ class SyntheticBatches:
     """An endless, resumable iterator of contract batches over fixed examples (this process's rows)."""
 
     def __init__(self, examples: list[dict[str, np.ndarray]], *, batch_size: int, seed: int = 0,
-                 process_index: int = 0, process_count: int = 1):
+                 feed_index: int = 0, feed_count: int = 1):
         if not examples:
             raise ValueError("SyntheticBatches needs at least one example")
-        if batch_size % process_count:
-            raise ValueError(f"batch_size {batch_size} does not split over {process_count} processes")
+        if batch_size % feed_count:
+            raise ValueError(f"batch_size {batch_size} does not split over {feed_count} feeds")
         self.examples, self.batch_size, self.seed = examples, batch_size, seed
-        self.local = slice(process_index * batch_size // process_count,
-                           (process_index + 1) * batch_size // process_count)
+        self.local = slice(feed_index * batch_size // feed_count,
+                           (feed_index + 1) * batch_size // feed_count)
         self.next_index = 0
 
     def batch(self, k: int) -> dict[str, np.ndarray]:
-        """Returns global batch k's rows for this process."""
+        """Returns global batch k's rows for this process's feed."""
         n = len(self.examples)
         picks = []
         for j in range(k * self.batch_size, (k + 1) * self.batch_size):

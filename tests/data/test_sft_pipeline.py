@@ -17,12 +17,12 @@ BUCKETS = dict(buckets=(2304, 2432), bucket_patches=(192, 192))
 PACKED = dict(batching="pack", buckets=(4800,), bucket_patches=(384,))
 
 
-def make(view, tokenizer_dir, indices=None, rows=4, epochs=None, process_index=0, process_count=1, **kw):
+def make(view, tokenizer_dir, indices=None, rows=4, epochs=None, feed_index=0, feed_count=1, **kw):
     cfg = sft_data(view.store_dir, **{**BUCKETS, **kw})
     indices = range(len(view)) if indices is None else indices
     encoder = EncodeSFTExample(tokenizer_dir, IMAGE_CONFIG, PROMPT, mask=cfg.mask)
-    return SFTBatches(view, indices, cfg, encoder, rows=rows, epochs=epochs, process_index=process_index,
-                      process_count=process_count)
+    return SFTBatches(view, indices, cfg, encoder, rows=rows, epochs=epochs, feed_index=feed_index,
+                      feed_count=feed_count)
 
 
 def take(batches, n):
@@ -135,7 +135,7 @@ def test_hosts_read_disjoint_equal_slices(view, tokenizer_dir, encoded):
         assert sum(len(p) for p in parts) == len(set().union(*parts)) > len(view) - count
     seen = []
     for host in range(2):
-        with make(view, tokenizer_dir, rows=4, epochs=1, process_index=host, process_count=2) as batches:
+        with make(view, tokenizer_dir, rows=4, epochs=1, feed_index=host, feed_count=2) as batches:
             seen.append([n for batch in batches for n in sequences(batch, encoded)])
     assert len(seen[0]) == len(seen[1]) == len(view) // 2
     assert not set(seen[0]) & set(seen[1])

@@ -103,6 +103,6 @@ def test_processes_take_their_share_of_the_same_rows(state, tokenizer):
     policy = policy_rows(prompt, samples, np.arange(4.0), np.ones(4, bool))
     anchors = [anchor_row(reference, tokenizer, "a", PATCH_DIM)]
     whole, _ = salvage_batch(policy, anchors, BUCKETS, 8)
-    halves = [salvage_batch(policy, anchors, BUCKETS, 8, process_index=i, process_count=2)[0] for i in range(2)]
+    halves = [salvage_batch(policy, anchors, BUCKETS, 8, feed_index=i, feed_count=2)[0] for i in range(2)]
     for key in ("input_ids", "loss_mask", "advantage", "anchor", OLD_LOGPROBS):
         np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), whole[key])

@@ -1,7 +1,12 @@
 """One process of tests/train/test_multiprocess_images.py: Trainer steps on image batches, results to files.
 
     python -m tests.train.multiprocess_worker --init DIR --workdir DIR --out DIR --processes 2 --process-id I
-        --port P        (one of two processes; --processes 1: the single-process reference on the global batch)
+        --port P [--mesh 1,-1,1]   (one of the processes; --processes 1: the single-process reference on the
+                                    global batch)
+
+The global batch is two feeds' rows (train/feeds.py): with mesh (1,-1,1) each process is a feed; with
+(1,2,2) over 4 processes of one device, each feed is a pair of processes that share a tensor group and
+load the same rows, as on a pod whose tensor groups span two hosts.
 
 The environment sets the device count (XLA_FLAGS) and JAX_PLATFORMS=cpu. The batches are defined here
 so that the test builds the same ones: each process holds different numbers and sizes of images.
@@ -92,11 +97,11 @@ def _flat_params(params) -> dict[str, np.ndarray]:
             for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 
-def _config(init: str):
+def _config(init: str, mesh: tuple):
     from configs.common import base_config
     c = base_config()
     c.model.init = f"hf:{init}"
-    c.mesh.shape = (1, -1, 1)
+    c.mesh.shape = mesh
     t = c.train
     t.batch_size, t.microbatches, t.export_hf = 8, MICROBATCHES, False
     # eps = 1: Adam's first steps then move a parameter by ~lr x gradient, so a parameter difference is a
@@ -121,6 +126,7 @@ def main(argv=None) -> None:
     ap.add_argument("--processes", type=int, required=True)
     ap.add_argument("--process-id", type=int, default=0)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--mesh", default="1,-1,1")
     args = ap.parse_args(argv)
     import jax
     jax.config.update("jax_default_matmul_precision", "highest")  # as tests/conftest.py
@@ -136,14 +142,14 @@ def main(argv=None) -> None:
 
     out = pathlib.Path(args.out)
     me = jax.process_index()
-    trainer = Trainer(_config(args.init), args.workdir, name="sft")
+    trainer = Trainer(_config(args.init, tuple(int(x) for x in args.mesh.split(","))), args.workdir, name="sft")
     cfg = trainer.model_config
     if args.processes > 1:
-        batches = [process_batches(cfg, s)[me] for s in range(STEPS)]
+        batches = [process_batches(cfg, s)[trainer.feeds.index] for s in range(STEPS)]
     else:
         batches = [global_batch(cfg, process_batches(cfg, s)) for s in range(STEPS)]
         np.savez(out / "init.npz", **_flat_params(jax.device_get(trainer.state.params)))
-    report = {"process": me, "devices": [d.id for d in jax.devices()],
+    report = {"process": me, "devices": [d.id for d in jax.devices()], "feeds": trainer.feeds.groups,
               "device_processes": [d.process_index for d in jax.devices()], "vision": [], "placed_ids": []}
     for host in batches:  # what the trainer will feed the step: the global vision inputs and row order
         tb = batch_lib.prepare_batch(host, cfg, MICROBATCHES, rows=trainer.local_rows, mesh=trainer.mesh,
@@ -154,24 +160,21 @@ def main(argv=None) -> None:
         placed = batch_lib.to_global(tb, batch_lib.batch_shardings(tb, trainer.mesh, trainer.rules))
         ids = multihost_utils.process_allgather(placed.inputs.input_ids, tiled=True)
         report["placed_ids"].append(np.asarray(ids).tolist())
-    if args.processes > 1:  # a mesh whose batch axis alternates processes: rows interleave, read, not assumed
+    if args.processes == 2:  # a mesh whose batch axis alternates processes: rows interleave, read, not assumed
         by_process = [[d for d in jax.devices() if d.process_index == p] for p in range(args.processes)]
         alternating = [d for group in zip(*by_process) for d in group]
         mesh = sharding.make_mesh((1, len(alternating), 1), devices=alternating)
         shape = (MICROBATCHES, 2 * len(alternating), LENGTH)  # 2 rows per device
         owners = global_images.row_owners(batch_lib.row_sharding(mesh, sharding.DEFAULT_RULES, shape, 1), shape)
         report["alternating_owners"] = owners.tolist()
-        # A mesh whose batch axes do not span the processes (tensor = all devices): each process's rows
-        # would become the same global rows. Refused, for image and text rows alike.
+        # A mesh whose tensor axis spans the processes (tensor = all devices): one feed, every row on both
+        # processes, named by the lead; a process's rows are then the whole global batch.
         tensor_only = sharding.make_mesh((1, 1, jax.device_count()))
-        try:
-            global_images.row_owners(batch_lib.row_sharding(tensor_only, sharding.DEFAULT_RULES, shape, 1), shape)
-        except ValueError as e:
-            report["replicated_owners_error"] = str(e)
-        try:
-            batch_lib.to_global(tb, batch_lib.batch_shardings(tb, tensor_only))
-        except ValueError as e:
-            report["replicated_rows_error"] = str(e)
+        owners = global_images.row_owners(batch_lib.row_sharding(tensor_only, sharding.DEFAULT_RULES, shape, 1),
+                                          shape)
+        report["tensor_only_owners"] = owners.tolist()
+        placed = batch_lib.to_global(tb, batch_lib.batch_shardings(tb, tensor_only))
+        report["tensor_only_rows"] = placed.targets.shape[1]
     result = trainer.fit(iter(batches))
     params = multihost_utils.process_allgather(trainer.state.params, tiled=True) if args.processes > 1 else \
         jax.device_get(trainer.state.params)

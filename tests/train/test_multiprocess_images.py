@@ -155,12 +155,14 @@ def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, tiny_ch
     for step in range(worker.STEPS):
         assert ref["vision"][step] is not None
         assert mp[0]["vision"][step] == mp[1]["vision"][step] == ref["vision"][step], step
-    # A mesh alternating processes along the batch interleaves their rows; one not spanning them is refused.
+    # A mesh alternating processes along the batch interleaves their rows; a tensor axis over both processes makes
+    # one feed: every row is the lead's, and a process's 2 rows per microbatch are the whole global batch's.
     assert mp[0]["alternating_owners"] == mp[1]["alternating_owners"] == [
         [0, 0], [0, 1], [1, 0], [1, 1], [0, 2], [0, 3], [1, 2], [1, 3]]
     for report in mp:
-        assert "sit on processes [0, 1]" in report["replicated_owners_error"]
-        assert "placed as 2 global rows" in report["replicated_rows_error"]
+        assert report["feeds"] == [[0], [1]]
+        assert report["tensor_only_owners"] == [[0, r] for r in range(8)]
+        assert report["tensor_only_rows"] == 2
 
     assert mp[0]["steps"] == ref["steps"] == worker.STEPS
     assert sorted(mp[0]["losses"]) == sorted(ref["losses"]) == [str(s) for s in range(1, worker.STEPS + 1)]
@@ -170,5 +172,32 @@ def test_two_processes_train_like_one_on_the_same_global_batch(tmp_path, tiny_ch
                                                                ("ref", "init.npz")))
     assert sorted(got.files) == sorted(want.files) == sorted(init.files)
     assert max(float(np.abs(want[k] - init[k]).max()) for k in want.files) > 1e-3  # the steps moved the model
+    for k in want.files:
+        np.testing.assert_allclose(got[k], want[k], atol=1e-5, rtol=0, err_msg=k)
+
+
+@pytest.mark.slow
+def test_four_processes_whose_tensor_groups_span_two_train_like_one(tmp_path, tiny_checkpoint):
+    # A pod whose tensor groups span two hosts, scaled down: 4 processes of 1 device, mesh (1, 2, 2); processes
+    # 0-1 and 2-3 each hold one row block (a feed) and load the same rows, the images of their feed's rows.
+    common = ["--init", str(tiny_checkpoint)]
+    _run_all([_start("reference", [*common, "--workdir", str(tmp_path / "ref_wd"), "--out", str(tmp_path),
+                                   "--processes", "1"], 4, tmp_path)], tmp_path)
+    (tmp_path / "mp").mkdir()
+    port = _free_port()
+    _run_all([_start(f"process{i}", [*common, "--workdir", str(tmp_path / "mp_wd"), "--out", str(tmp_path / "mp"),
+                                     "--processes", "4", "--process-id", str(i), "--port", str(port),
+                                     "--mesh", "1,2,2"], 1, tmp_path) for i in range(4)], tmp_path)
+    ref = json.loads((tmp_path / "report0.json").read_text())
+    mp = [json.loads((tmp_path / "mp" / f"report{i}.json").read_text()) for i in range(4)]
+    assert [r["feeds"] for r in mp] == [[[0, 1], [2, 3]]] * 4
+    for step in range(worker.STEPS):  # the same global rows and vision inputs as one process on the global batch
+        for report in mp:
+            assert report["placed_ids"][step] == ref["placed_ids"][step], step
+            assert report["vision"][step] == ref["vision"][step], step
+    assert mp[0]["steps"] == worker.STEPS
+    for step, loss in ref["losses"].items():
+        assert abs(mp[0]["losses"][step] - loss) <= 1e-5, (step, mp[0]["losses"], ref["losses"])
+    got, want = np.load(tmp_path / "mp" / "params.npz"), np.load(tmp_path / "params.npz")
     for k in want.files:
         np.testing.assert_allclose(got[k], want[k], atol=1e-5, rtol=0, err_msg=k)

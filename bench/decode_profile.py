@@ -28,20 +28,17 @@ import common
 from group_sampling import GROUP, NEW, cpu_model
 
 PARTS = ("prompt attention", "LM head", "text layers", "draw: random", "other")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
 _NESTING = ("while", "conditional", "call")  # their events span the ops of their bodies, counted on their own
 
 
 def hlo_instructions(hlo_text: str) -> dict[str, tuple[str, str, list[str], str]]:
     """Returns {instruction name: (shape, opcode, operand names, op_name metadata)} of a compiled module's text."""
+    from rmsweb_jax.plan.hlo import read_module
     found = {}
-    for line in hlo_text.splitlines():
-        match = _INSTRUCTION.match(line)
-        if match:
-            name, shape, opcode, rest = match.groups()
-            op_name = re.search(r'op_name="([^"]*)"', rest)
-            found[name] = (shape, opcode, re.findall(r"%([\w.\-]+)", rest.split("), ")[0]),
-                           op_name.group(1) if op_name else "")
+    for insts in read_module(hlo_text).computations.values():
+        for inst in insts:
+            op_name = re.search(r'op_name="([^"]*)"', inst.attributes)
+            found[inst.name] = (inst.shape, inst.opcode, list(inst.operands), op_name.group(1) if op_name else "")
     return found
 
 

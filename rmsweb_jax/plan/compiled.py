@@ -2,13 +2,16 @@
 
 `python -m rmsweb_jax.plan --config=... --compile` builds each stage's programs (plan/programs.py) on the
 slice's TPU devices (plan/tpu_aot.py, no chip needed), compiles them, and prints the planner's per-device
-bytes beside `memory_analysis()`'s and its FLOPs beside `cost_analysis()`'s. A program whose compiled peak
-does not fit the budget is refused, like a plan that does not fit.
+bytes beside `memory_analysis()`'s and its FLOPs beside `cost_analysis()`'s and beside the compiled HLO's own count
+with every loop body times its trip count (`hlo_work.weighted_work`). A program whose compiled peak does not fit the
+budget is refused, like a plan that does not fit. The config's libtpu flags (config.tpu.libtpu_init_args) are passed
+as compiler options, so the program compiled is the one a TPU VM's libtpu would build from the preset.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from rmsweb_jax.distributed import compiler_options
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.models.from_config import mesh_from_config, rules_from_config
 from rmsweb_jax.plan import programs, tpu_aot
@@ -57,11 +60,12 @@ def compile_plan(plan: Plan, config, model_config) -> list[Compared]:
     except tpu_aot.LibtpuUnavailable as err:
         raise UserError(f"--compile: {err}") from err
     mesh, rules = mesh_from_config(config, devices=devices), rules_from_config(config)
+    options = compiler_options(str(config.tpu.libtpu_init_args))
     out = []
     for stage in plan.stages:
         for name, figure in STAGE_PROGRAMS[stage.stage]:
             program = build(name, config, model_config, mesh, rules, plan.chip.hbm_bytes)
-            report = tpu_aot.compile_program(name, program.fn, program.args)
+            report = tpu_aot.compile_program(name, program.fn, program.args, compiler_options=options)
             flops = stage.device_flops if figure == "train_peak" else 0.0
             out.append(Compared(stage.stage, getattr(stage, figure), flops, report))
     return out
@@ -69,20 +73,28 @@ def compile_plan(plan: Plan, config, model_config) -> list[Compared]:
 
 def table(rows: list[Compared], plan: Plan) -> str:
     """Returns the plan-vs-compiler table (GiB and TFLOP per device)."""
-    head = ("program", "plan GiB", "compiled GiB", "compiled/plan", "args", "temps", "plan TFLOP", "compiled TFLOP",
-            "compile s")
+    head = ("program", "plan GiB", "compiled GiB", "compiled/plan", "args", "temps", "plan TFLOP",
+            "cost_analysis TFLOP", "weighted TFLOP", "collective GB", "compile s")
     lines = [head]
     for r in rows:
-        rep = r.report
+        rep, work = r.report, r.report.work
+        uncounted = "?" if work.unknown_trip_counts or work.unknown_kernels else ""
         lines.append((rep.name, f"{r.planned_bytes / GiB:.2f}", f"{rep.peak_bytes / GiB:.2f}", f"{r.ratio:.2f}",
                       f"{rep.argument_bytes / GiB:.2f}", f"{rep.temp_bytes / GiB:.2f}",
                       f"{r.planned_flops / 1e12:.2f}" if r.planned_flops else "-", f"{rep.flops / 1e12:.2f}",
-                      f"{rep.seconds:.1f}"))
+                      f"{work.total_flops / 1e12:.2f}{uncounted}",
+                      f"{work.total_collective_bytes / 1e9:.2f}", f"{rep.seconds:.1f}"))
     widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
     text = "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(x, widths)))
                      for x in lines)
     return (f"compiled for {plan.devices} x {plan.chip.name} (libtpu {tpu_aot.libtpu_version()}), budget "
-            f"{plan.budget / GiB:.1f} GiB per device\n" + text + "\n")
+            f"{plan.budget / GiB:.1f} GiB per device\n" + text + "\n" + FLOP_COLUMNS + "\n")
+
+
+FLOP_COLUMNS = ("cost_analysis TFLOP: XLA's count, a loop body once and no Mosaic kernel. weighted TFLOP: dots,\n"
+                "convolutions and Mosaic kernels with every loop body times its trip count (hlo_work.weighted_work;\n"
+                "'?': a loop or a kernel it could not count). collective GB: what the program's all-gathers,\n"
+                "all-reduces, reduce-scatters, all-to-alls and permutes deliver to a device per run.")
 
 
 def check_fits(rows: list[Compared], plan: Plan) -> None:

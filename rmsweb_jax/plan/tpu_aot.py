@@ -3,7 +3,8 @@
 `topology_devices("v5p", 32)` gives the JAX devices of a real v5p slice (from
 `jax.experimental.topologies`); a `Mesh` over them and `jax.ShapeDtypeStruct` inputs carrying their
 `NamedSharding`s trace and compile the real TPU program (`compile_program`), whose memory analysis,
-cost analysis and HLO are what the chip would run. Nothing is allocated.
+cost analysis and HLO are what the chip would run. Nothing is allocated. A CompileReport's `count` and
+`work` read its HLO with plan/hlo.py and plan/hlo_work.py.
 
 libtpu is found, in order: an importable `libtpu` module (a TPU VM's `pip install .[tpu]`), the folder
 named by $RMSWEB_LIBTPU, or `<repo>/.venv/libtpu` (where `make install` puts it with `pip --target`). It is
@@ -16,10 +17,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import math
 import os
 import pathlib
-import re
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -27,6 +26,8 @@ from typing import Any, Callable, Sequence
 import jax
 
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.plan.hlo import instructions, result_bytes
+from rmsweb_jax.plan.hlo_work import Work, weighted_work
 
 LIBTPU_ENV = "RMSWEB_LIBTPU"
 _REPO_LIBTPU = pathlib.Path(__file__).resolve().parents[2] / ".venv" / "libtpu"
@@ -110,7 +111,7 @@ class CompileReport:
     output_bytes: int
     alias_bytes: int           # outputs that reuse (donated) argument buffers
     temp_bytes: int
-    flops: float               # cost_analysis()['flops'] (per device: the partitioned program)
+    flops: float               # cost_analysis()['flops'] per device: a loop body once, no Mosaic kernel (see `work`)
     hlo: str
     # CPU time of this process over the compile (every thread): unlike `seconds`, not stretched by other work
     # sharing the cores, so it compares across runs and machines of one CPU model.
@@ -121,77 +122,22 @@ class CompileReport:
         """Returns arguments + outputs not aliased to them + temporaries: the program's live HBM at its peak."""
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
 
+    @property
+    def work(self) -> Work:
+        """Returns one run's work per device with every loop body counted as often as it runs (weighted_work)."""
+        return weighted_work(self.hlo)
+
     def count(self, op: str, *, scope: str | None = None, min_bytes: int = 0) -> int:
         """Returns how many HLO instructions of opcode `op` (e.g. 'all-gather') of at least `min_bytes` per
         device the program holds; with `scope`, only those inside the while loop named so."""
         return sum(result_bytes(line) >= min_bytes for line in instructions(self.hlo, op, scope=scope))
 
 
-def computations(hlo: str) -> dict[str, list[str]]:
-    """Returns {computation name: its instruction lines} of an HLO module's text."""
-    out, current = {}, None
-    for line in hlo.splitlines():
-        head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
-        if head:
-            current = head.group(1)
-            out[current] = []
-        elif line.startswith("}"):
-            current = None
-        elif current is not None:
-            out[current].append(line.strip())
-    return out
-
-
-_CALLS = re.compile(r"(?:calls|body|condition|to_apply)=%([\w.\-]+)")
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-
-
-def while_loop_closure(hlo: str, scope: str) -> dict[str, list[str]]:
-    """Returns the computations a `while` named under `scope` (jax.named_scope) runs: its body and everything
-    the body calls, nested loops and fusions included ({} when no such while is found)."""
-    comps = computations(hlo)
-    root = None
-    for lines in comps.values():
-        for line in lines:
-            if " while(" in line and f"/{scope}/" in line:
-                root = re.search(r"body=%([\w.\-]+)", line).group(1)
-    if root is None:
-        return {}
-    seen, todo = {}, [root]
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in comps:
-            continue
-        seen[name] = comps[name]
-        for line in comps[name]:
-            todo.extend(_CALLS.findall(line))
-            for group in _BRANCHES.findall(line):
-                todo.extend(n.strip().lstrip("%") for n in group.split(","))
-    return seen
-
-
-def instructions(hlo: str, op: str, *, scope: str | None = None) -> list[str]:
-    """Returns the HLO lines of opcode `op` (async '-start' forms included, not their '-done'); with `scope`,
-    only those inside the while loop named so (while_loop_closure)."""
-    pattern = re.compile(rf"\s{re.escape(op)}(-start)?\(")
-    comps = computations(hlo) if scope is None else while_loop_closure(hlo, scope)
-    return [line for lines in comps.values() for line in lines if pattern.search(line.split("=", 1)[-1][:200])]
-
-
-def result_bytes(line: str) -> int:
-    """Returns the bytes of an HLO instruction's (first) result shape, e.g. 'bf16[4096,512]' -> 4 MiB."""
-    sizes = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
-             "f64": 8, "s64": 8, "u64": 8}
-    m = re.search(r"=\s*\(?(\w+)\[([\d,]*)\]", line)
-    if not m or m.group(1) not in sizes:
-        return 0
-    dims = [int(d) for d in m.group(2).split(",") if d]
-    return sizes[m.group(1)] * math.prod(dims)
-
-
-def compile_program(name: str, fn: Callable, args: Sequence[Any], *, platform: str = "tpu") -> CompileReport:
+def compile_program(name: str, fn: Callable, args: Sequence[Any], *, platform: str = "tpu",
+                    compiler_options: dict | None = None) -> CompileReport:
     """Returns the CompileReport of `fn` (a jax.jit object) on abstract `args` (ShapeDtypeStructs with
-    shardings over topology devices), compiled for `platform`."""
+    shardings over topology devices), compiled for `platform` with `compiler_options` (XLA/libtpu flags by name,
+    e.g. `distributed.compiler_options(config.tpu.libtpu_init_args)`)."""
     start = time.perf_counter()
     cpu_start = time.process_time()
     # Traced at the chip's default matmul precision, as on a TPU VM: a process that set 'highest' for exact CPU
@@ -203,7 +149,7 @@ def compile_program(name: str, fn: Callable, args: Sequence[Any], *, platform: s
     jax.config.update("jax_disable_most_optimizations", False)
     try:
         with jax.default_matmul_precision("default"):
-            compiled = fn.trace(*args).lower(lowering_platforms=(platform,)).compile()
+            compiled = fn.trace(*args).lower(lowering_platforms=(platform,)).compile(compiler_options=compiler_options)
     finally:
         jax.config.update("jax_disable_most_optimizations", deoptimized)
     seconds = time.perf_counter() - start

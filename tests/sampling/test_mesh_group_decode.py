@@ -9,8 +9,6 @@ and repeats them there: no collective left to run beside the loop. The structura
 no collective outside a loop that holds collectives may be unordered against it (it fails at once, where the
 deadlock needs a 2-core machine's timing); the run test is the mine stage's call itself, under a timeout.
 """
-import re
-
 import jax
 import numpy as np
 import pytest
@@ -18,10 +16,10 @@ from flax import nnx
 
 from rmsweb_jax.models import sharding
 from rmsweb_jax.models.qwen3_vl import RuntimeOptions, create, tiny
+from rmsweb_jax.plan.hlo import Instruction, called_computations, read_module
+from rmsweb_jax.plan.hlo_work import COLLECTIVES
 from rmsweb_jax.sampling.sampler import Sampler, SamplingParams
 
-COLLECTIVE = re.compile(r"\b(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(-start)?\(")
-CALLED = re.compile(r"\b(?:calls|body|condition|to_apply|branch_computations)=\{?(%[\w.\-]+(?:, %[\w.\-]+)*)")
 SETTINGS = SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=(402,))  # the mine stage's
 
 
@@ -30,37 +28,22 @@ def _prompts(lengths):
     return [[int(t) for t in rng.integers(30, 500, n)] for n in lengths]
 
 
-def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
-    """Returns ({computation name: its instruction lines}, the entry computation's name) of an HLO module."""
-    comps, entry, current = {}, None, None
-    for line in hlo.splitlines():
-        head = re.match(r"^(ENTRY )?(%[\w.\-]+) .*\{$", line)
-        if head:
-            current = head.group(2)
-            comps[current] = []
-            entry = current if head.group(1) else entry
-        elif line.startswith("}"):
-            current = None
-        elif current and " = " in line:
-            comps[current].append(line)
-    return comps, entry
+def _collective(inst: Instruction) -> bool:
+    return inst.opcode.removesuffix("-start") in COLLECTIVES
 
 
 def unordered_collectives(hlo: str) -> list[tuple[str, str]]:
     """Returns the pairs (instruction, loop) of the entry computation where `loop` is a control-flow instruction
     holding collectives, the instruction issues or holds collectives, and neither depends on the other."""
-    comps, entry = _computations(hlo)
-
-    def called(line):
-        return [c for m in CALLED.finditer(line) for c in m.group(1).split(", ")]
+    module = read_module(hlo)
+    comps = module.computations
 
     def holds(comp, seen=()):
-        return any(COLLECTIVE.search(line) or any(c not in seen and holds(c, (*seen, comp)) for c in called(line))
-                   for line in comps.get(comp, ()))
+        return any(_collective(i) or any(c not in seen and holds(c, (*seen, comp)) for c in called_computations(i))
+                   for i in comps.get(comp, ()))
 
-    lines = {line.split(" = ")[0].split()[-1]: line for line in comps[entry]}
-    operands = {name: set(re.findall(r"%[\w.\-]+", line.split(" = ", 1)[1])) & lines.keys() - {name}
-                for name, line in lines.items()}
+    insts = {i.name: i for i in comps[module.entry]}
+    operands = {name: set(i.operands) & insts.keys() - {name} for name, i in insts.items()}
     ancestors: dict[str, set[str]] = {}
 
     def above(name):
@@ -70,8 +53,8 @@ def unordered_collectives(hlo: str) -> list[tuple[str, str]]:
                 ancestors[name] |= {op} | above(op)
         return ancestors[name]
 
-    bearing = {n for n, line in lines.items() if COLLECTIVE.search(line) or any(holds(c) for c in called(line))}
-    loops = {n for n in bearing if re.search(r"\b(while|conditional|call)\(", lines[n])}
+    bearing = {n for n, i in insts.items() if _collective(i) or any(holds(c) for c in called_computations(i))}
+    loops = {n for n in bearing if insts[n].opcode in ("while", "conditional", "call")}
     return sorted((n, loop) for loop in loops for n in bearing - {loop}
                   if n not in above(loop) and loop not in above(n))
 
@@ -112,7 +95,7 @@ ENTRY %main (a: f32[8], b: s32[1]) -> (f32[8], s32[1]) {
   ROOT %t = (f32[8], s32[1]) tuple(%after, %r)
 }
 """
-    assert unordered_collectives(hlo) == [("%r", "%w")]
+    assert unordered_collectives(hlo) == [("r", "w")]
 
 
 @pytest.mark.timeout(240)

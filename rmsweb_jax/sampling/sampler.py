@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from typing import NamedTuple, Sequence
 
@@ -72,7 +73,11 @@ class Sampler:
     def __init__(self, model: Qwen3VL, *, pad_id: int = 0, length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  patch_bucket: int = 1024, device_bytes: int | None = None, abstract: bool = False):
         """`device_bytes`: one device's memory, for the "auto" decode sharding (default: what the device
-        reports, where it does). `abstract`: the model holds ShapeDtypeStructs (only `abstract_program` works)."""
+        reports, where it does). `abstract`: the model holds ShapeDtypeStructs (only `abstract_program` works).
+
+        "auto" on a multi-device mesh is resolved at the first call (`decode_sharding` is None until then): its
+        cost depends on the call's rows and KV slots (models/sharding.py decode_costs), and one decode copy then
+        serves every later call."""
         self.model, self.pad_id = model, pad_id
         self.length_buckets = tuple(sorted(length_buckets))
         self.patch_bucket = patch_bucket
@@ -81,13 +86,37 @@ class Sampler:
         mesh = model.mesh
         if device_bytes is None and not abstract:
             device_bytes = _device_bytes(mesh)
-        self.decode_sharding = sharding.pick_decode_sharding(
-            model.runtime.decode_sharding, mesh, decode.copy_bytes(model.text), device_bytes)
-        self._decode = None if self.decode_sharding == "training" else _DecodeCopy(model, self.decode_sharding)
+        self._device_bytes = device_bytes
+        self.decode_sharding: str | None = None
+        self.decode_costs: dict[str, sharding.DecodeCost] = {}  # what "auto" compared, when it did
+        self._decode: _DecodeCopy | None = None
+        if model.runtime.decode_sharding != "auto" or mesh is None or mesh.size == 1:
+            self._set_decode_sharding(None)
         self._decode_text, self._decode_source = None, ()
         self.resync_seconds: float | None = None  # the last remake of the decode copy (per set of weights)
         if not abstract:
             self.refresh()
+
+    def _set_decode_sharding(self, work: sharding.DecodeWork | None) -> None:
+        """Resolves the decode layout (priced on `work`, the first call's step) and makes its copy's program."""
+        model, mesh = self.model, self.model.mesh
+        chip = None if mesh is None else sharding.chip_of(mesh.devices.flat[0].device_kind)
+        self.decode_sharding = sharding.pick_decode_sharding(
+            model.runtime.decode_sharding, mesh, decode.copy_bytes(model.text), self._device_bytes, work=work,
+            chip=chip)
+        if work is not None:
+            self.decode_costs = sharding.decode_costs(mesh, work, sharding.BANDWIDTHS.get(chip,
+                                                                                       sharding.DEFAULT_BANDWIDTH))
+        self._decode = None if self.decode_sharding == "training" else _DecodeCopy(model, self.decode_sharding)
+
+    def _resolve(self, rows: int, prompt_slots: int, max_new: int, group: int) -> None:
+        """Resolves "auto" on the first call: `rows` decode rows (prompts x `group`) over `prompt_slots` + `max_new`."""
+        if self.decode_sharding is None:
+            runtime = self.model.runtime
+            cascade = group > 1 and runtime.group_decode == "cascade"
+            self._set_decode_sharding(sharding.DecodeWork.of(
+                self.model.config.text, jnp.dtype(DTYPES[runtime.compute_dtype]).itemsize, rows, prompt_slots,
+                max_new, group, cascade))
 
     def refresh(self) -> None:
         """Re-reads the model's parameters (call after a training update)."""
@@ -185,6 +214,7 @@ class Sampler:
         # Whole on every device (_generate says why); left to XLA, these host arrays would arrive split by rows.
         inputs = inputs._replace(**{name: _whole_on(np.asarray(getattr(inputs, name)), self.model.mesh)
                                     for name in ("position_ids", "rope_deltas", "segment_ids")})
+        self._resolve(real * int(group_size), length, params.max_new_tokens, int(group_size))
         return self._args(inputs, int(group_size), params, seed, real, self._graphdef, self._state,
                           self._decode_weights(), self._decode_text_state())
 
@@ -212,8 +242,9 @@ class Sampler:
         rows a multiple of batch_shards, the first `real` of them prompts, default all) on an abstract model:
         what `plan --compile` compiles."""
         abstract = _abstract_state(nnx.state(self.model), self.model.mesh, self.model.rules)
-        decode_text = None if self._decode is None else self._decode.abstract()
         real = int(inputs.input_ids.shape[0]) if real is None else int(real)
+        self._resolve(real * int(group_size), int(inputs.input_ids.shape[1]), params.max_new_tokens, int(group_size))
+        decode_text = None if self._decode is None else self._decode.abstract()
         return _generate, self._args(inputs, int(group_size), params, 0, real, nnx.graphdef(self.model), abstract,
                                      None, decode_text)
 
@@ -350,19 +381,34 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
     if real < last_hidden.shape[0]:  # the prefill's padding rows
         last_hidden, cache = last_hidden[:real], KVCache(cache.k[:, :real], cache.v[:, :real], None, cache.index)
     cache = cache._replace(segment_ids=segments)
+    if decode_text is not None:
+        _, _, rest = nnx.split(model, nnx.PathContains("text"), ...)
+        model = nnx.merge(decode_graphdef, nnx.State({"text": decode_text}), rest)  # the copy at the text's path
+        rules = model.rules
+    # The decode rows are padded to a multiple of the devices that split them (models/sharding.py row_shards; whole
+    # prompts under cascade, so every group keeps its prefix row): rows that do not divide would otherwise be left
+    # whole on every device, each decoding all of them. Padding rows copy the last real one and start finished.
+    wanted, shards = real * group, sharding.row_shards(mesh, rules)
+    extra = -real % (shards // math.gcd(shards, group)) if cascade else 0
+    prompts = real + extra
+    last_hidden, next_pos, rope_deltas = (_pad_rows(x, extra, 0) for x in (last_hidden, next_pos, rope_deltas))
+    cache = KVCache(_pad_rows(cache.k, extra, 1), _pad_rows(cache.v, extra, 1), _pad_rows(cache.segment_ids, extra, 0),
+                    cache.index)
     prefix = None
     if group > 1:
         last_hidden, next_pos, rope_deltas = (jnp.repeat(x, group, axis=0)
                                               for x in (last_hidden, next_pos, rope_deltas))
         if cascade:
-            prefix, cache = cache, KVCache.zeros(model.config.text, real * group, max_new, cache_dtype)
+            prefix, cache = cache, KVCache.zeros(model.config.text, prompts * group, max_new, cache_dtype)
         else:
             cache = KVCache(jnp.repeat(cache.k, group, axis=1), jnp.repeat(cache.v, group, axis=1),
                             jnp.repeat(cache.segment_ids, group, axis=0), cache.index)
-    if decode_text is not None:
-        _, _, rest = nnx.split(model, nnx.PathContains("text"), ...)
-        model = nnx.merge(decode_graphdef, nnx.State({"text": decode_text}), rest)  # the copy at the text's path
-        rules = model.rules
+    if not cascade:
+        extra = -wanted % shards
+        last_hidden, next_pos, rope_deltas = (_pad_rows(x, extra, 0) for x in (last_hidden, next_pos, rope_deltas))
+        cache = KVCache(_pad_rows(cache.k, extra, 1), _pad_rows(cache.v, extra, 1),
+                        _pad_rows(cache.segment_ids, extra, 0), cache.index)
+    last_hidden = _rows(last_hidden, 0, mesh, rules)
     cache, prefix = _place_cache(cache, mesh, rules), _place_cache(prefix, mesh, rules)
     b = last_hidden.shape[0]
     def allowed(logits):  # the suppressed tokens out: the draws and their log-probs are over the others
@@ -374,7 +420,7 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
                                    top_p, top_k, mode=mode)
     tokens = jnp.full((b, max_new), pad_id, jnp.int32).at[:, 0].set(first)
     logprobs = jnp.zeros((b, max_new), jnp.float32).at[:, 0].set(first_lp)
-    done = jnp.isin(first, stop_ids)
+    done = jnp.isin(first, stop_ids) | (every_row >= wanted)  # the padding rows: finished from the start
     lengths = jnp.ones((b,), jnp.int32)
     if step_weights is not None:
         cache = decode.step_cache(cache)
@@ -417,7 +463,7 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
     # segment has more live rows than the next width; its live rows (and enough finished ones to fill the width) then
     # go on with their caches, the rest are dropped. Segments are the groups under cascade (their rows share a
     # prefix row, so a group halves within itself), else all rows are one segment.
-    segments = real if prefix is not None else 1
+    segments = prompts if prefix is not None else 1
     widths = decode_widths(b // segments, compaction if mesh is None or mesh.size == 1 else 0)
     carry = (jnp.int32(1), tokens, logprobs, done, lengths, cache, first, rng, None, jnp.int32(0))
     for phase, width in enumerate(widths):
@@ -440,7 +486,7 @@ def _generate(graphdef, state, step_weights: decode.StepWeights | None, decode_g
             carry = (step, tokens, logprobs, done, lengths, _take_rows(cache, keep), last[keep], rng, rows[keep],
                      row_steps)
     _, tokens, logprobs, done, lengths, _, _, _, _, row_steps = carry
-    return tokens, logprobs, lengths, done, row_steps
+    return tokens[:wanted], logprobs[:wanted], lengths[:wanted], done[:wanted], row_steps
 
 
 def row_keys(key: jax.Array, rows: jax.Array) -> jax.Array:
@@ -480,6 +526,13 @@ def _rows(x: jax.Array, row_axis: int, mesh, rules) -> jax.Array:
     return sharding.constrain(x, tuple(axes), mesh, rules)
 
 
+def _pad_rows(x: jax.Array, extra: int, axis: int) -> jax.Array:
+    """Returns `x` with `extra` copies of its last row (along `axis`) appended."""
+    if not extra:
+        return x
+    return jnp.pad(x, [(0, extra if i == axis else 0) for i in range(x.ndim)], mode="edge")
+
+
 def _whole_on(x: np.ndarray, mesh) -> np.ndarray | jax.Array:
     """Returns host array `x` placed whole (replicated) on every device of `mesh` (as it is without a mesh). Every
     process passes the same `x`; each places the copies on its own devices."""
@@ -506,11 +559,7 @@ def _place_cache(cache, mesh, rules):
 
 def _batch_shards(model: Qwen3VL) -> int:
     """Returns how many ways the model's mesh splits rows (its 'batch' axes; 1 without a mesh)."""
-    if model.mesh is None:
-        return 1
-    spec = sharding.logical_to_spec(("batch",), model.rules, model.mesh)
-    axes = () if spec[0] is None else (spec[0],) if isinstance(spec[0], str) else spec[0]
-    return int(np.prod([model.mesh.shape[a] for a in axes]))
+    return sharding.row_shards(model.mesh, model.rules)
 
 
 def _device_bytes(mesh) -> int | None:

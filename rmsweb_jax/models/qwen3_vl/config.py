@@ -191,8 +191,9 @@ class RuntimeOptions:
     decode_layout: str = "auto"
     # How the sampler lays the text weights over a mesh for its decode steps (models/sharding.py decode_rules):
     # "training" reads the training layout (FSDP weights all-gathered on every generated token); "tensor" and
-    # "replicated" use a copy made once per set of weights; "auto": replicated when that copy takes at most a
-    # quarter of a device's memory, else tensor (training without a multi-device mesh).
+    # "replicated" use a copy made once per set of weights; "auto": the cheaper decode step of the two
+    # (models/sharding.py decode_costs; replicated only when its copy fits a quarter of a device's memory), training
+    # without a multi-device mesh or, for tensor, without an FSDP axis (the weights already lie so).
     decode_sharding: str = "auto"
     # How the sampler decodes G samples of one prompt (Sampler.generate_groups): "cascade" keeps one copy of the
     # prompt's KV cache that the G rows read together, plus each row's own cache (models/attention.py); "copy"

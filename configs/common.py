@@ -28,8 +28,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.attention_impl = "auto"       # auto (xla on CPU, splash on TPU, cudnn on GPU) | xla | splash | cudnn
     c.model.scan_layers = True            # False: Python loop over layers (faster steps, compile grows with depth)
     c.model.decode_layout = "auto"        # auto (per_layer on one CPU device, copies up to 2 GiB) | stacked | per_layer
-    c.model.decode_sharding = "auto"      # on a mesh: auto (replicated if the decode copy <= 1/4 of HBM, else tensor)
-                                          # | tensor | replicated | training (no copy: FSDP weights gathered per token)
+    c.model.decode_sharding = "auto"      # on a mesh: auto (the cheaper step, models/sharding.py) | tensor | replicated
+                                          # | training (no copy: FSDP weights gathered per token)
     c.model.group_decode = "cascade"      # G samples of a prompt: cascade (one prompt KV cache read once per group
                                           # + each row's own) | copy (the prompt's cache copied to the G rows)
     c.model.decode_compaction = 2         # times the decode loop may halve its rows as they finish (0: never;
@@ -42,6 +42,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = (1, -1, 1)             # (data, fsdp, tensor); -1 takes the remaining devices
     c.sharding_rules = [list(r) for r in DEFAULT_RULES]
+
+    c.tpu = ml_collections.ConfigDict()
+    c.tpu.libtpu_init_args = ""           # libtpu compiler flags, '--name=value ...', put in LIBTPU_INIT_ARGS before
+                                          # JAX starts (the pod presets: configs/pod_slices.py); "" = libtpu's own
 
     c.smoke = ml_collections.ConfigDict()
     c.smoke.instruction = "Click the Submit button."

@@ -12,6 +12,24 @@ import dataclasses
 import ml_collections
 
 
+# libtpu flags that let XLA run collectives under compute (async collective fusion: FSDP weight gathers prefetched
+# beneath the previous layer's matmuls), as MaxText sets them (AI-Hypercomputer/maxtext, benchmarks/
+# xla_flags_library.py): v5p as its configs/tpu/v5p/llama2_7b.sh exports LIBTPU_INIT_ARGS; v6e as its
+# maxtext_trillium_model_configs.py llama3_8b_8192 / llama3_1_8b_8192 (DENSE_VMEM_LIMIT_FLAG + CF_FOR_ALL_GATHER
+# + DATA_PARALLEL_OVERLAP).
+_ASYNC_ALL_GATHER = ("--xla_tpu_enable_async_collective_fusion=true "
+                     "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true "
+                     "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
+                     "--xla_tpu_overlap_compute_collective_tc=true --xla_enable_async_all_gather=true")
+_DATA_PARALLEL_OVERLAP = ("--xla_tpu_enable_data_parallel_all_reduce_opt=true "
+                          "--xla_tpu_data_parallel_opt_different_sized_ops=true")
+LIBTPU_FLAGS = {
+    "v5p": f"{_ASYNC_ALL_GATHER} {_DATA_PARALLEL_OVERLAP} --xla_tpu_megacore_fusion_allow_ags=false "
+           "--xla_enable_async_collective_permute=true --xla_tpu_enable_ag_backward_pipelining=true",
+    "v6e": f"--xla_tpu_scoped_vmem_limit_kib=98304 {_ASYNC_ALL_GATHER} {_DATA_PARALLEL_OVERLAP}",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Slice:
     topology: str          # e.g. 'v5p-64' (v5p names count TensorCores: 32 chips) or 'v6e-64' (64 chips)
@@ -24,7 +42,8 @@ class Slice:
 
 
 def apply(c: ml_collections.ConfigDict, s: Slice, architecture: str) -> ml_collections.ConfigDict:
-    """Returns `c` with the slice's layout, bf16 compute over fp32 master weights, and its plan block."""
+    """Returns `c` with the slice's layout, bf16 compute over fp32 master weights, the chip's libtpu flags and its
+    plan block."""
     c.model.param_dtype = "float32"       # master weights and AdamW moments in fp32: a 1e-5 step vanishes in bf16
     c.model.compute_dtype = "bfloat16"    # the MXU's native input; logits and losses stay fp32
     c.model.remat_policy = s.remat_policy
@@ -37,6 +56,7 @@ def apply(c: ml_collections.ConfigDict, s: Slice, architecture: str) -> ml_colle
     # Rows: the images' tokens (patches / 4 after the 2x2 merge) + ~2k of text, thought and tool call.
     c.data.buckets = (s.max_tokens // 2, s.max_tokens)
     c.data.bucket_patches = (patches, patches)
+    c.tpu.libtpu_init_args = LIBTPU_FLAGS[s.topology.split("-")[0]]
     c.plan = ml_collections.ConfigDict()
     c.plan.chip = s.topology.split("-")[0]  # the slice `python -m rmsweb_jax.plan` sizes this preset for
     c.plan.topology = s.topology

@@ -24,6 +24,7 @@ SLICES = {
     # v6e-64 = 64 chips of 32 GB: the same tensor 8 / fsdp 8 and 8 microbatches, but one screenshot a row
     # in at most 4096 tokens and full remat: planned at ~96% of the 90% budget, the replicated vision tower
     # being over half of it. A larger v6e slice would not help: more fsdp means more rows per microbatch.
+    # The planner's proposal (plan/meshes.py): the only candidate mesh that fits.
     "v6e": Slice("v6e-64", (1, -1, 8), 64, 8, "full", 0, 4096),
 }
 

@@ -22,7 +22,8 @@ SLICES = {
     # two screenshots a row. Saving attention outputs recomputes the cheap part of each layer only.
     "v5p": Slice("v5p-64", (1, -1, 2), 64, 4, "save_attention_out", 1),
     # v6e-64 = 64 chips of 32 GB. tensor 8 (32 / 8 heads split 4 / 1) leaves fsdp 8: microbatches of 8
-    # rows; one screenshot a row keeps the replicated vision tower inside 32 GB.
+    # rows; one screenshot a row keeps the replicated vision tower inside 32 GB. The planner's proposal
+    # (plan/meshes.py): FSDP alone or tensor 2 / 4 need 64 / 32 / 16 rows a microbatch, over 32 GB.
     "v6e": Slice("v6e-64", (1, -1, 8), 64, 8, "save_attention_out", 0),
 }
 

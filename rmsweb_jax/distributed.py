@@ -17,6 +17,11 @@ GPU memory: JAX's GPU client takes 75% of each GPU's memory at start-up (XLA_PYT
 `python -m rmsweb_jax.plan` budgets USABLE_HBM (90%) of it: a run the plan passed between the two would run out
 of memory (bench/gpu_train_step.py's 2B step did at 75% and ran at 95%). `gpu_memory_fraction` sets the variable to
 the plan's share before the client exists, unless the user set it; TPU and CPU clients do not read it.
+
+TPU compiler flags: libtpu reads LIBTPU_INIT_ARGS once, when it loads. `libtpu_init_args` puts the config's
+(config.tpu.libtpu_init_args: the presets' collective/compute overlap flags) there first, before anything the user
+set, so the user's own flags win (libtpu keeps a flag's last value); `compiler_options` gives the same flags as
+`jax.jit(...).lower(...).compile(compiler_options=...)` takes them, for ahead-of-time compiles.
 """
 from __future__ import annotations
 
@@ -25,8 +30,11 @@ from typing import Any, Mapping, MutableMapping
 
 from absl import logging
 
+from rmsweb_jax.errors import UserError
+
 ENV_VAR = "RMSWEB_DISTRIBUTED"
 GPU_MEMORY_VAR = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+LIBTPU_VAR = "LIBTPU_INIT_ARGS"
 USABLE_HBM = 0.9  # the share of each accelerator's memory a plan may use, and a GPU run's client takes
 _ON = frozenset({"1", "true", "yes", "on"})
 _OFF = frozenset({"", "0", "false", "no", "off"})
@@ -72,6 +80,29 @@ def gpu_memory_fraction(environ: MutableMapping[str, str] | None = None, fractio
     if not 0 < value <= 1:
         raise ValueError(f"{GPU_MEMORY_VAR}={given!r}: expected a fraction in (0, 1]")
     return f"GPU memory: JAX takes {value:.0%} of each GPU ({GPU_MEMORY_VAR}={given}, as set; {fraction:.0%} unset)"
+
+
+def compiler_options(flags: str) -> dict[str, str]:
+    """Returns {name: value} of a LIBTPU_INIT_ARGS-style string ('--xla_a=true --xla_b=8'); raises UserError
+    naming a word that is not --name=value."""
+    out = {}
+    for word in flags.split():
+        name, eq, value = word.partition("=")
+        if not name.startswith("--") or not eq or len(name) < 3:
+            raise UserError(f"config.tpu.libtpu_init_args: {word!r} is not --name=value (e.g. --xla_flag=true)")
+        out[name[2:]] = value
+    return out
+
+
+def libtpu_init_args(flags: str, environ: MutableMapping[str, str] | None = None) -> str:
+    """Sets LIBTPU_INIT_ARGS to `flags` followed by what `environ` (os.environ) already holds; returns the value.
+    Call before any JAX backend exists."""
+    environ = os.environ if environ is None else environ
+    compiler_options(flags)  # a malformed word answers here, not as libtpu's abort
+    value = " ".join(part for part in (flags.strip(), environ.get(LIBTPU_VAR, "").strip()) if part)
+    if value:
+        environ[LIBTPU_VAR] = value
+    return value
 
 
 def maybe_initialize_distributed(environ: Mapping[str, str] | None = None) -> bool:

@@ -37,7 +37,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rmsweb_jax.distributed import gpu_memory_fraction, maybe_initialize_distributed
+from rmsweb_jax.distributed import gpu_memory_fraction, libtpu_init_args, maybe_initialize_distributed
 from rmsweb_jax.errors import USAGE_ERROR, UserError, exit_with_one_line, one_line, wants_help
 from rmsweb_jax.workdir_lock import WorkdirLock, describe
 # STAGES: stage name -> its module of rmsweb_jax.stages (the registry lives beside the runner, which the
@@ -87,6 +87,7 @@ def main(argv) -> None:
             raise UserError("--workdir is empty: give the folder (or gs://BUCKET/FOLDER) for this run's outputs")
         try:  # before any backend exists: a GPU client then takes the plan's share of memory, not JAX's 75%
             gpu_memory = gpu_memory_fraction()
+            libtpu_init_args(str(_CONFIG.value.tpu.libtpu_init_args))  # libtpu reads its flags when it loads
         except ValueError as err:
             raise UserError(str(err)) from None
         maybe_initialize_distributed()  # multi-host only when RMSWEB_DISTRIBUTED=1 (see BUILD.md)

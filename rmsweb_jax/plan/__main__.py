@@ -1,4 +1,5 @@
-"""Command line of the planner: prints the plan's table; exit status 2 (a UserError) when it does not fit.
+"""Command line of the planner: prints the plan's table, the train step's time and MFU ceiling, and the mesh it
+proposes among the candidates (plan/meshes.py); exit status 2 (a UserError) when it does not fit.
 
     python -m rmsweb_jax.plan --config=configs/qwen3_vl_8b_sft.py:v5p
     python -m rmsweb_jax.plan --config=configs/demo.py --chip=v5e --topology=v5litepod-4
@@ -26,9 +27,13 @@ _TOPOLOGY = flags.DEFINE_string("topology", "", "slice name (v5p-64), chip grid 
                                 "(default: config.plan.topology)")
 _ARCH = flags.DEFINE_string("architecture", "", "8b | 32b | tiny | demo | path to config.json (default: "
                             "model.init's checkpoint or preset, else config.plan.architecture)")
-_MFU = flags.DEFINE_float("mfu", 0.4, "model FLOPs utilization the step time is quoted at")
+_MFU = flags.DEFINE_float("mfu", 1.0, "share of the chip's peak FLOP/s the compute time is quoted at (1.0: the "
+                          "roofline); the step time adds the collectives (plan/step_time.py) and the MFU ceiling "
+                          "printed is model FLOPs / (devices x peak x that step time)")
 _USABLE = flags.DEFINE_float("usable_hbm", USABLE_HBM, "share of HBM a plan may use (XLA's reserve, fragmentation; "
                              "on GPUs the share a run's JAX client takes, rmsweb_jax/distributed.py)")
+_MESHES = flags.DEFINE_bool("propose_mesh", True, "also plan every candidate mesh (FSDP only, tensor 2/4/8) and "
+                             "print the one with the best MFU ceiling that fits")
 _COMPILE = flags.DEFINE_bool("compile", False, "also compile every program of the plan for the TPU slice ahead of "
                              "time (libtpu's compiler, no chip: plan/tpu_aot.py) and print the compiler's figures "
                              "beside the plan's; refuse a program whose compiled peak does not fit")
@@ -54,12 +59,20 @@ def main(argv) -> None:
                       usable_fraction=_USABLE.value, config_name=config_flags.get_config_filename(flags.FLAGS["config"]),
                       arch=arch_name, model_config=model_config)
         print(result.table(), flush=True)
+        if _MESHES.value and any(s.time for s in result.stages):
+            from rmsweb_jax.plan import meshes
+            options = meshes.propose_mesh(config, chip_name=result.chip.name, topology=str(result.devices),
+                                          mfu=_MFU.value, usable_fraction=_USABLE.value, arch=arch_name,
+                                          model_config=model_config)
+            print(meshes.mesh_table(options), flush=True)
         if _COMPILE.value:
             from rmsweb_jax.plan import compiled
             print("compiling every program for the slice (about a minute each)...", flush=True)
             rows = compiled.compile_plan(result, config, model_config)
             print(compiled.table(rows, result), flush=True)
             compiled.check_fits(rows, result)
+            figures = {name: figure for programs in compiled.STAGE_PROGRAMS.values() for name, figure in programs}
+            result.check_compiled([(r.stage, figures[r.report.name], r.report.name, r.report.peak_bytes) for r in rows])
         result.check_fits()
     except UserError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)

@@ -24,7 +24,8 @@ it. The vision tower runs replicated on every device over all patches of a micro
 
 Sampling (mine, salvage): the KV cache of one generate call, [layers, rows, prompt bucket +
 max_new_tokens, KV heads, head_dim] twice, in the compute dtype, rows divided over the batch axes when
-they divide, KV heads over theirs. Sampling and the train step do not overlap: the stage's peak is
+they divide, KV heads over theirs; the prefill's temporaries are its attention's [T, S] logits (`prefill_bytes`).
+Sampling and the train step do not overlap: the stage's peak is
 parameters + optimizer state + max(step temporaries, sampling).
 """
 from __future__ import annotations
@@ -95,7 +96,7 @@ def state_bytes(model_config, config, mesh: AbstractMesh) -> dict[str, int]:
     return {"params": params, "text_params": text, "head": head, "optimizer": optimizer}
 
 
-def _local(size: int, logical: str, mesh: AbstractMesh, rules) -> int:
+def local_size(size: int, logical: str, mesh: AbstractMesh, rules) -> int:
     """Returns one device's share of a dimension of `size` with logical name `logical` under `rules`."""
     spec = sharding.logical_to_spec((logical,), rules, mesh, (size,))
     axes = () if spec[0] is None else (spec[0],) if isinstance(spec[0], str) else spec[0]
@@ -105,16 +106,16 @@ def _local(size: int, logical: str, mesh: AbstractMesh, rules) -> int:
 def local_model_config(model_config, mesh: AbstractMesh, rules):
     """Returns the architecture with heads, MLP width and vocabulary cut to one device's share."""
     t, v = model_config.text, model_config.vision
-    heads = _local(t.num_attention_heads, "q_heads", mesh, rules)
-    kv = _local(t.num_key_value_heads, "kv_heads", mesh, rules)
+    heads = local_size(t.num_attention_heads, "q_heads", mesh, rules)
+    kv = local_size(t.num_key_value_heads, "kv_heads", mesh, rules)
     if heads % kv:  # grouped heads must stay whole groups on a device
         heads, kv = t.num_attention_heads, t.num_key_value_heads
     text = dataclasses.replace(t, num_attention_heads=heads, num_key_value_heads=kv,
-                               intermediate_size=_local(t.intermediate_size, "mlp", mesh, rules),
-                               vocab_size=_local(t.vocab_size, "vocab", mesh, rules))
+                               intermediate_size=local_size(t.intermediate_size, "mlp", mesh, rules),
+                               vocab_size=local_size(t.vocab_size, "vocab", mesh, rules))
     # The vision tower keeps all its heads here (its hidden size fixes head_dim): with tensor parallelism
     # its attention residuals are counted whole, an over-estimate of a few percent of the tower's.
-    vision = dataclasses.replace(v, intermediate_size=_local(v.intermediate_size, "vision_mlp", mesh, rules))
+    vision = dataclasses.replace(v, intermediate_size=local_size(v.intermediate_size, "vision_mlp", mesh, rules))
     return dataclasses.replace(model_config, text=text, vision=vision)
 
 
@@ -195,13 +196,12 @@ def activation_bytes(model_config, runtime, rows: int, seq_len: int, patches: in
 
 
 def forward_bytes(model_config, runtime, rows: int, seq_len: int, patches: int) -> int:
-    """Returns the temporaries of a forward pass without gradients (a prefill, mining's reference log-probs) for
+    """Returns the temporaries of a forward pass without gradients or a cache (mining's reference log-probs) for
     `rows` x `seq_len` tokens and `patches` patches: the larger of one text layer's and one vision block's
     intermediates, found as the residuals a layer adds when nothing is rematerialised (a forward keeps only the
     layer it is in), plus the hidden states entering and leaving that layer."""
     plain = dataclasses.replace(runtime, remat_policy="none")
     n, depth = model_config.text.num_hidden_layers, model_config.vision.depth
-    traced = min(patches, VISION_TRACE_PATCHES)
 
     def layer(fewer, p):
         return (residual_bytes(model_config, plain, rows, seq_len, p)
@@ -209,11 +209,35 @@ def forward_bytes(model_config, runtime, rows: int, seq_len: int, patches: int) 
 
     text = layer(_with_depths(model_config, n - 1, depth), 0)
     hidden = 2 * rows * seq_len * model_config.text.hidden_size * dtype_bytes(runtime.compute_dtype)
-    vision = 0
-    if patches and depth > max(model_config.vision.deepstack_visual_indexes, default=-1) + 1:
-        vision = layer(_with_depths(model_config, n, depth - 1), traced) * patches // max(traced, 1)
-        vision += 2 * patches * model_config.vision.hidden_size * dtype_bytes(runtime.compute_dtype)
-    return max(text + hidden, vision)
+    return max(text + hidden, _vision_block_bytes(model_config, plain, rows, seq_len, patches))
+
+
+def _vision_block_bytes(model_config, plain, rows: int, seq_len: int, patches: int) -> int:
+    """Returns one vision block's intermediates without remat (`plain`) and the patch states entering and leaving
+    it, for `patches` patches (0 when the tower has no block past its deepstack taps to measure)."""
+    n, depth = model_config.text.num_hidden_layers, model_config.vision.depth
+    if not patches or depth <= max(model_config.vision.deepstack_visual_indexes, default=-1) + 1:
+        return 0
+    traced = min(patches, VISION_TRACE_PATCHES)
+    block = (residual_bytes(model_config, plain, rows, seq_len, traced)
+             - residual_bytes(_with_depths(model_config, n, depth - 1), plain, rows, seq_len, traced))
+    return block * patches // traced + 2 * patches * model_config.vision.hidden_size * dtype_bytes(plain.compute_dtype)
+
+
+def prefill_bytes(model_config, runtime, rows: int, seq_len: int, kv_slots: int, patches: int) -> int:
+    """Returns the temporaries of the sampler's prefill of `rows` x `seq_len` tokens into a cache of `kv_slots`
+    slots (and `patches` patches), on the local architecture: the larger of one text layer's peak and one vision
+    block's (forward_bytes). The text layer's peak is its attention: a prefill with a cache passes positions, so it
+    takes the XLA path (models/attention.py `_xla`), whose fp32 logits [heads x seq_len, kv_slots] and their
+    probabilities in the compute dtype are alive together at the softmax, beside the hidden states entering and
+    leaving the layer; the MLP's gate and up [seq_len, mlp] are counted instead when larger."""
+    t, item = model_config.text, dtype_bytes(runtime.compute_dtype)
+    scores = rows * t.num_attention_heads * seq_len * kv_slots * (4 + item)
+    mlp = 2 * rows * seq_len * t.intermediate_size * item
+    hidden = 2 * rows * seq_len * t.hidden_size * item
+    vision = _vision_block_bytes(model_config, dataclasses.replace(runtime, remat_policy="none"), rows, seq_len,
+                                 patches)
+    return max(hidden + max(scores, mlp), vision)
 
 
 def loss_head_bytes(model_config, runtime, mesh: AbstractMesh, rules, *, backward: bool) -> int:
@@ -222,7 +246,7 @@ def loss_head_bytes(model_config, runtime, mesh: AbstractMesh, rules, *, backwar
     if mesh.size == 1:
         return 0
     t = model_config.text
-    one = t.hidden_size * _local(t.vocab_size, "vocab", mesh, rules) * dtype_bytes(runtime.compute_dtype)
+    one = t.hidden_size * local_size(t.vocab_size, "vocab", mesh, rules) * dtype_bytes(runtime.compute_dtype)
     return one * (2 if backward else 1)
 
 
@@ -251,8 +275,8 @@ def kv_cache_bytes(model_config, runtime, mesh: AbstractMesh, rules, rows: int, 
     """Returns one device's bytes of the sampler's KV cache for `rows` rows (sampling/sampler.py `_generate`)."""
     t = model_config.text
     bucket = prompt_bucket(prompt_len)
-    local_rows = _local(rows, "batch", mesh, rules)
-    kv = _local(t.num_key_value_heads, "kv_heads", mesh, rules)
+    local_rows = local_size(rows, "batch", mesh, rules)
+    kv = local_size(t.num_key_value_heads, "kv_heads", mesh, rules)
     itemsize = np.dtype(DTYPES[runtime.compute_dtype]).itemsize
     return 2 * t.num_hidden_layers * local_rows * (bucket + max_new_tokens) * kv * t.head_dim * itemsize
 

@@ -13,15 +13,30 @@ def mesh_from_config(config, devices=None) -> jax.sharding.Mesh | None:
     """Returns the ('data','fsdp','tensor') mesh of `config.mesh.shape` (-1 = all remaining devices) over `devices`
     (default: every process's devices, the global mesh), or None for a one-device shape.
 
-    A policy that samples on one host's own devices (`devices=jax.local_devices()`, multi-host eval and mine
-    rollouts) lays the same shape over them: each host's browsers ask for steps at their own pace, so its
-    sampling programs must not span other hosts."""
+    A policy that samples on one host's own devices (`devices=jax.local_devices()` on several processes:
+    multi-host eval and mine rollouts, whose browsers ask for steps at their own pace, so their sampling
+    programs must not span other hosts) gets the shape `host_mesh_shape` fits to them."""
     shape = list(config.mesh.shape)
     if len(shape) != 3:
         raise UserError(f"config.mesh.shape must have 3 entries (data, fsdp, tensor), got {tuple(shape)}")
     devices = None if devices is None else list(devices)
     n = jax.device_count() if devices is None else len(devices)
-    where = "" if devices is None else f" (over this host's {n} local devices)"
+    if devices is not None and jax.process_count() > 1 and set(devices) == set(jax.local_devices()):
+        shape = list(host_mesh_shape(_resolved(shape, jax.device_count(), ""), n))
+    where = "" if devices is None else f" (over the {n} devices given)"
+    if -1 in shape:
+        shape = _resolved(shape, n, where)
+    elif devices is not None and int(np.prod(shape)) != n:
+        raise UserError(f"config.mesh.shape {tuple(shape)} needs {int(np.prod(shape))} devices, but {n} are given; "
+                        "write -1 for one axis (e.g. (1, -1, 1)) so the shape fits any device count")
+    if int(np.prod(shape)) == 1:
+        return None
+    return sharding.make_mesh(shape, devices=devices)
+
+
+def _resolved(shape, n: int, where: str) -> list[int]:
+    """Returns `shape` with its -1 (at most one) set to what the other axes leave of `n` devices."""
+    shape = list(shape)
     if shape.count(-1) > 1:
         raise UserError(f"config.mesh.shape {tuple(shape)}: at most one -1")
     if -1 in shape:
@@ -29,13 +44,24 @@ def mesh_from_config(config, devices=None) -> jax.sharding.Mesh | None:
         if n % known:
             raise UserError(f"config.mesh.shape {tuple(shape)}: {n} devices{where} are not divisible by {known}")
         shape[shape.index(-1)] = n // known
-    elif devices is not None and int(np.prod(shape)) != n:
-        raise UserError(f"config.mesh.shape {tuple(shape)} needs {int(np.prod(shape))} devices, but the model "
-                        f"samples{where}; write -1 for one axis (e.g. (1, -1, 1)) so the shape fits both the global "
-                        "mesh and one host's devices")
-    if int(np.prod(shape)) == 1:
-        return None
-    return sharding.make_mesh(shape, devices=devices)
+    return shape
+
+
+def host_mesh_shape(shape, devices: int) -> tuple[int, int, int]:
+    """Returns the (data, fsdp, tensor) shape of a model one host samples alone on its `devices` devices: the
+    config's tensor axis where it fits the host (else its largest divisor that divides `devices`: a pod's tensor
+    group may span hosts), FSDP over the rest; no data axis (one model copy per host)."""
+    tensor = int(shape[2])
+    tensor = max(t for t in range(1, tensor + 1) if tensor % t == 0 and devices % t == 0)
+    return 1, devices // tensor, tensor
+
+
+def host_copy_config(config):
+    """Returns a copy of `config` for a model one host samples alone (mesh_from_config on jax.local_devices()):
+    its weights in the compute dtype, as sampling reads them (no fp32 master copy: nothing trains it)."""
+    copy = config.copy_and_resolve_references()
+    copy.model.param_dtype = copy.model.compute_dtype
+    return copy
 
 
 def rules_from_config(config):

@@ -60,6 +60,7 @@ from rmsweb_jax.evaluate import host_shares, report as eval_report
 from rmsweb_jax.evaluate.viewer import write_viewer
 from rmsweb_jax.judges.cache import CACHE_DIR, JudgeCache
 from rmsweb_jax.judges.from_config import judge_from_config, judge_spec
+from rmsweb_jax.models.from_config import host_copy_config
 from rmsweb_jax.stages import links
 from rmsweb_jax.stages.manifest import COLLECT_RUNTIME, MODEL_LOADING
 from rmsweb_jax.suites.from_config import live_tasks, miniwob_tasks, suite_from_config
@@ -383,8 +384,10 @@ def run(config, workdir: pathlib.Path) -> dict:
     compare = comparisons(ev.compare, [e.label for e in entries])
     writer = jax.process_index() == 0  # on several hosts each plays its share (play); one writes the outputs
     # Each host's browsers ask for steps at their own pace, so the hosts never call a sampling program in
-    # lockstep: on several, each host samples an in-process model on its own devices (weights read by every host).
+    # lockstep: on several, each host samples an in-process model on its own devices (weights read by every host),
+    # in the compute dtype on the mesh models/from_config.py fits to one host.
     devices = jax.local_devices() if jax.process_count() > 1 else None
+    model_config = config if devices is None else host_copy_config(config)
     env = environment(config)
     judge = judge_from_config(env)
     if ev.replay:  # the recorded task groups, every request served from their recordings
@@ -410,8 +413,8 @@ def run(config, workdir: pathlib.Path) -> dict:
     policies, seconds = [], {"play": 0.0, "report": 0.0, "viewer": 0.0}
     started = time.perf_counter()
     for entry in entries:
-        policy = build_policy(entry.spec, settings, config=config, workdir=workdir, task_ids=[t.id for t in tasks],
-                              devices=devices)
+        policy = build_policy(entry.spec, settings, config=model_config, workdir=workdir,
+                              task_ids=[t.id for t in tasks], devices=devices)
         try:
             policy_id = identity(entry, policy, settings.teacher)
             directory = out_dir / policy_id

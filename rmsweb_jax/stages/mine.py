@@ -41,6 +41,7 @@ from rmsweb_jax.mining.draw import stratified_sample
 from rmsweb_jax.mining.replay import ReplayedState, ReplaySettings, replay, skips_label
 from rmsweb_jax.mining.report import compute_report, write_report
 from rmsweb_jax.mining.state_set import CriticalState, state_id, write_state_set
+from rmsweb_jax.models.from_config import host_copy_config
 from rmsweb_jax.sampling.chat_model import ChatModel
 from rmsweb_jax.sampling.sampler import SamplingParams
 from rmsweb_jax.stages import links
@@ -143,15 +144,16 @@ def _rollout_states(config, workdir: pathlib.Path, chat_model, builder, store_di
     """Plays the policy once on each training task group and returns the divergence states and the counts.
 
     On several processes each host plays its share of the groups (mining/rollouts.py) with its own copy of
-    the checkpoint `spec` on its own devices: its browsers ask for steps at their own pace, so the replay's
-    model on the global mesh (whose programs every host must call in lockstep) cannot serve them."""
+    the checkpoint `spec` on its own devices (in the compute dtype, on the mesh models/from_config.py fits to
+    a host; the planner counts it): its browsers ask for steps at their own pace, so the replay's model on the
+    global mesh (whose programs every host must call in lockstep) cannot serve them; the caller has closed it."""
     cfg = config.collect
     tasks = rollouts.reference_task_groups(store_dir, train_keys)
     # The rollout decodes as collection does (config.collect's temperature and token limit).
     hosts = jax.process_count()
     if hosts > 1:
-        chat_model = ChatModel.load(spec, workdir, config=config, max_batch=chat_model.max_batch,
-                                    devices=jax.local_devices())
+        chat_model = ChatModel.load(spec, workdir, config=host_copy_config(config),
+                                    max_batch=int(config.mine.max_batch), devices=jax.local_devices())
     policy = FlaxPolicy(chat_model, builder, SamplingParams(max_new_tokens=cfg.max_new_tokens,
                                                             temperature=cfg.temperature), seed=config.seed,
                         owns_model=hosts > 1)
@@ -164,7 +166,10 @@ def _rollout_states(config, workdir: pathlib.Path, chat_model, builder, store_di
             policy.close()  # this host's copy; the caller closes the replay's model
     found = rollouts.find_divergences(store_dir, rollout_dir, skip_labels=settings.skip_labels,
                                       repetition_window=int(config.mine.repetition_window))
-    return found.states, {"store": str(rollout_dir), **found.counts}
+    # In task order, not the merged store's (which follows how the hosts shared the groups): the same state set,
+    # and so the same Salvage-DS draws, on any number of hosts.
+    states = sorted(found.states, key=lambda s: (s.task_id, s.seed, s.step))
+    return states, {"store": str(rollout_dir), **found.counts}
 
 
 def check_config(config, workdir) -> ReplaySettings:
@@ -213,6 +218,8 @@ def run(config, workdir: pathlib.Path) -> dict:
         result = replay(view, indices, chat_model, builder, settings)
         states = [replay_state(s, view[s.index], store_dir) for s in result.states]
         if cfg.rollouts:
+            if jax.process_count() > 1:  # never two models at once: each host loads its own copy next
+                chat_model.close()
             rollout, rollout_counts = _rollout_states(config, workdir, chat_model, builder, store_dir, train_keys,
                                                       settings, spec)
             states = merge_rollout_states(states, rollout)

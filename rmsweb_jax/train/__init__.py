@@ -15,9 +15,11 @@ Modules, one job each:
   loop        Trainer: init or restore, step, report, checkpoint, NaN stop, HF export; Trainer.fit
   settings    config.train read and validated once
   synthetic_batches  deterministic in-memory batches (tests, the train_smoke stage)
+  feeds       which processes feed the same rows of the batch (a tensor group over several hosts)
 
-The batch contract. A data pipeline yields, per step, a dict of numpy arrays holding this process's
-B = config.train.batch_size / jax.process_count() rows of L tokens (fixed L per length bucket):
+The batch contract. A data pipeline yields, per step, a dict of numpy arrays holding this process's feed's
+B = config.train.batch_size / Trainer.feeds.count rows of L tokens (fixed L per length bucket; a feed is the
+processes whose devices hold the same rows, feeds.py):
 
   input_ids       int   [B, L]  token ids
   segment_ids     int   [B, L]  0 = padding; 1, 2, ... = sequences packed into the row

@@ -264,6 +264,8 @@ class Trainer:
                 if remote is not None and self.is_writer:  # every process gathers, process 0 writes (to_hf)
                     storage.push_folder(local, remote, last="config.json")
                 self.writer.message(f"[train] exported step {self.step_count} in HF format to {hf_dir}")
+            if jax.process_count() > 1:  # the next stage may load the export on any process: written before it
+                multihost_utils.sync_global_devices(f"export {hf_dir}")
         return TrainResult(self.run_dir, self.step_count, self.resumed_from, dict(self.last_metrics), hf_dir)
 
     def model(self):

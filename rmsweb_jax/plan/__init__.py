@@ -1,8 +1,10 @@
 """The memory planner: `python -m rmsweb_jax.plan --config=configs/x.py [--chip=v5p] [--topology=v5p-64]`.
 
 Per-device bytes of parameters, optimizer state, gradients, activations under the remat policy and
-the sampler's KV cache, model FLOPs per step and the step time at a stated MFU, for each stage the
-config runs, from abstract shapes alone; a config over the chip's HBM is refused with the figures.
+the sampler's KV cache, and each training step's FLOPs, collectives, time and MFU ceiling as the compiled
+program splits the work (step_time.py), for each stage the config runs, from abstract shapes alone; a config
+over the chip's HBM is refused with the figures. `plan` also proposes the mesh with the best ceiling
+(meshes.py); `--compile` compiles every program for the slice (tpu_aot.py, compiled.py; HLO read by hlo.py).
 """
 import importlib
 

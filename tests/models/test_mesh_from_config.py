@@ -3,7 +3,7 @@ import jax
 import ml_collections
 import pytest
 
-from rmsweb_jax.models.from_config import mesh_from_config
+from rmsweb_jax.models.from_config import host_mesh_shape, mesh_from_config
 
 
 def _config(shape) -> ml_collections.ConfigDict:
@@ -19,11 +19,19 @@ def test_the_mesh_lays_the_config_shape_over_the_given_devices_only():
 
 
 def test_a_shape_that_does_not_fit_the_given_devices_is_refused_with_what_would():
-    with pytest.raises(ValueError, match=r"needs 8 devices.*this host's 4 local devices.*-1"):
+    with pytest.raises(ValueError, match=r"needs 8 devices, but 4 are given; write -1"):
         mesh_from_config(_config((1, 8, 1)), jax.devices()[:4])
-    with pytest.raises(ValueError, match=r"3 devices \(over this host's 3 local devices\) are not divisible by 2"):
+    with pytest.raises(ValueError, match=r"3 devices \(over the 3 devices given\) are not divisible by 2"):
         mesh_from_config(_config((2, -1, 1)), jax.devices()[:3])
 
 
 def test_one_given_device_needs_no_mesh():
     assert mesh_from_config(_config((1, -1, 1)), jax.devices()[:1]) is None
+
+
+def test_a_host_samples_on_the_tensor_axis_that_fits_it_and_fsdp_over_the_rest():
+    assert host_mesh_shape((1, 16, 2), 4) == (1, 2, 2)   # 8B on v5p: a host holds whole tensor groups
+    assert host_mesh_shape((1, 8, 8), 4) == (1, 1, 4)    # tensor 8 over 4-chip hosts: the host's 4
+    assert host_mesh_shape((2, 8, 1), 4) == (1, 4, 1)    # no data axis on one host's copy
+    assert host_mesh_shape((1, 2, 6), 4) == (1, 2, 2)    # the largest divisor of 6 that divides 4
+    assert host_mesh_shape((1, 2, 2), 1) == (1, 1, 1)

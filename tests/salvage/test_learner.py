@@ -13,6 +13,7 @@ from rmsweb_jax.mining.state_set import StateSet
 from rmsweb_jax.salvage.batches import OLD_LOGPROBS
 from rmsweb_jax.salvage.learner import GRPOLearner, SalvageDSLearner, learner_class
 from rmsweb_jax.salvage.state_prompts import StatePrompts
+from rmsweb_jax.train.feeds import SINGLE
 from tests.salvage.conftest import IMAGE_CONFIG, PROMPT
 from tests.salvage.test_salvage_stage import write_states
 
@@ -54,6 +55,7 @@ class StandInActor:
     """The Trainer's side of the learner: log-probs, a step, a sync; records what it was given."""
 
     data_state = None
+    feeds = SINGLE  # one process: it feeds every row
 
     def __init__(self, total_steps):
         self.settings = types.SimpleNamespace(total_steps=total_steps)

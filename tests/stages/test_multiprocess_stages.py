@@ -5,70 +5,25 @@ policy's store and writes the report once; the report's figures equal the one-pr
 both hosts plays nothing again. Every model stage at the pod presets' layouts: tests/stages/test_pod_layouts.py.
 """
 import json
-import os
-import re
 import pathlib
-import socket
-import subprocess
-import sys
+import re
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from tests.stages import main_processes
+
 CONFIG = "tests/stages/multiprocess_configs.py"
 DEVICES = 8
 TIMEOUT_S = 900  # two processes and a reference compile at once on 2 cores
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(name: str, workdir: pathlib.Path, processes: int, overrides: list[str]) -> list[tuple]:
-    """Starts the `processes` processes of one run of config `name`; returns (process, log path) of each."""
-    port = _free_port()
-    started = []
-    for index in range(processes):
-        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), RMSWEB_TRACEBACK="1",
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES // processes}")
-        if processes > 1:
-            env.update(RMSWEB_DISTRIBUTED="1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                       JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(index))
-        else:
-            env["RMSWEB_DISTRIBUTED"] = "0"
-        log = workdir.parent / f"{workdir.name}.process{index}.log"
-        command = [sys.executable, "-m", "rmsweb_jax.main", f"--config={CONFIG}:{name}", f"--workdir={workdir}",
-                   *overrides]
-        with open(log, "w") as out:
-            started.append((subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT), log))
-    return started
+    """Starts the `processes` processes of one run of config `name` over DEVICES CPU devices in all."""
+    return main_processes.start(workdir, processes, DEVICES // processes, [f"--config={CONFIG}:{name}", *overrides])
 
 
 def _wait(runs: list[list[tuple]]) -> None:
-    """Waits for every process of `runs`; fails with the logs' tails if one fails or hangs."""
-    failed = []
-    for run in runs:
-        for process, log in run:
-            try:
-                process.wait(timeout=TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            if process.returncode != 0:
-                failed.append(f"{log} exited {process.returncode}:\n{log.read_text()[-3000:]}")
-    assert not failed, "\n\n".join(failed)
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> pathlib.Path:
-    """Returns the folder of the random tiny model, written once (every run loads the same weights)."""
-    from configs.common import base_config
-    from rmsweb_jax.model_init import load_model
-    c = base_config()
-    c.model.init, c.mesh.shape = "random:tiny", (1, 1, 1)
-    return load_model(c, tmp_path_factory.mktemp("tiny"))[1]
+    main_processes.wait(runs, TIMEOUT_S)
 
 
 def _report(workdir: pathlib.Path) -> dict:

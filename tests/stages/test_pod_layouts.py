@@ -15,23 +15,18 @@ examples, data/sft.py), so their batches depend on the number of feeds: every la
 ground and sft losses equal one another's, whichever processes make up a feed.
 """
 import json
-import os
 import pathlib
 import re
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.stages import multiprocess_configs as configs
+from rmsweb_jax.plan import chips
+from tests.stages import main_processes, multiprocess_configs as configs
 from tests.settings import collect_settings, store_writer
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFIG = "tests/stages/multiprocess_configs.py:pod_pipeline"
 PRESETS = ("qwen3_vl_8b_sft.py:v5p", "qwen3_vl_8b_sft.py:v6e", "qwen3_vl_32b_sft.py:v5p", "qwen3_vl_32b_sft.py:v6e")
-HOST_CHIPS = 4
 TIMEOUT_S = 1500  # four processes and their compiles at once on 2 cores
 TRAINED = ("train_smoke", "ground", "sft", "salvage")
 FEED_SHARDED = ("ground", "sft")  # examples sharded by feed: equal across layouts of as many feeds
@@ -40,8 +35,6 @@ FEED_SHARDED = ("ground", "sft")  # examples sharded by feed: equal across layou
 def preset_mesh(preset: str) -> tuple[int, int, int]:
     """Returns the preset's (data, fsdp, tensor) over its slice's chips."""
     import importlib
-
-    from rmsweb_jax.plan import chips
     module, arg = preset.split(":")
     c = importlib.import_module(f"configs.{module[:-3]}").get_config(arg)
     n = chips.device_count(chips.chip(c.plan.chip), c.plan.topology)
@@ -51,7 +44,7 @@ def preset_mesh(preset: str) -> tuple[int, int, int]:
     return tuple(shape)
 
 
-def scaled_layout(mesh: tuple[int, int, int], host_chips: int = HOST_CHIPS) -> tuple[int, int, tuple]:
+def scaled_layout(mesh: tuple[int, int, int], host_chips: int = chips.HOST_CHIPS) -> tuple[int, int, tuple]:
     """Returns (processes, devices per process, mesh) of `mesh`'s host layout at tiny widths: two row blocks."""
     tensor = mesh[2]
     if tensor > host_chips:  # a tensor group spans tensor / host_chips hosts
@@ -70,45 +63,14 @@ def _layouts() -> list:
             for layout, presets in by_layout.items()]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(workdir: pathlib.Path, processes: int, devices: int, mesh: tuple, store: pathlib.Path) -> list[str]:
     """Runs the pipeline on `processes` processes of `devices` CPU devices each; returns their logs. Mine, salvage
     and eval start from the tiny checkpoint beside the store (not sft's export, whose batches depend on the feeds)."""
     checkpoint = f"hf:{store.parent / 'tiny'}"
-    port, started = _free_port(), []
-    for index in range(processes):
-        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), RMSWEB_TRACEBACK="1",
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-        if processes > 1:
-            env.update(RMSWEB_DISTRIBUTED="1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                       JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(index))
-        else:
-            env["RMSWEB_DISTRIBUTED"] = "0"
-        log = workdir.parent / f"{workdir.name}.process{index}.log"
-        command = [sys.executable, "-m", "rmsweb_jax.main", f"--config={CONFIG}", f"--workdir={workdir}",
-                   f"--config.mesh.shape={mesh}", f"--config.data.store_dir={store}",
-                   f"--config.eval.training_store={store}", f"--config.mine.checkpoint={checkpoint}",
-                   f"--config.salvage.init={checkpoint}", f"--config.eval.policies=tiny=flax:{checkpoint}"]
-        with open(log, "w") as out:
-            started.append((subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                             start_new_session=True), log))
-    failed = []
-    for process, log in started:
-        try:
-            process.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for other, _ in started:
-                other.kill()
-            process.wait()
-        if process.returncode != 0:
-            failed.append(f"{log} exited {process.returncode}:\n{log.read_text()[-3000:]}")
-    assert not failed, "\n\n".join(failed)
-    return [log.read_text() for _, log in started]
+    arguments = [f"--config={CONFIG}", f"--config.mesh.shape={mesh}", f"--config.data.store_dir={store}",
+                 f"--config.eval.training_store={store}", f"--config.mine.checkpoint={checkpoint}",
+                 f"--config.salvage.init={checkpoint}", f"--config.eval.policies=tiny=flax:{checkpoint}"]
+    return main_processes.wait([main_processes.start(workdir, processes, devices, arguments)], TIMEOUT_S)
 
 
 def _results(workdir: pathlib.Path) -> dict:

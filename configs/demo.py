@@ -12,7 +12,7 @@ Stages, each in its own folder of the workdir with a manifest (a rerun skips wha
 - `collect`: MiniWoB++ with the ScriptedTeacher (a scripted stand-in for an LLM collector with injected
   mistakes, not a result) over DEMO_TASKS x num_seeds seeds, K=2 attempts with reflection-conditioned retries,
   into workdir/store;
-- `ground`: grounding pretraining (issue 26): for every listed element of every stored page of the training
+- `ground`: grounding pretraining: for every listed element of every stored page of the training
   split, "Click the <role> <name>." (and "Type ... into" a text input) -> the action at its centre, in the agent's
   own prompt; no browser (workdir/ground/);
 - `sft`: the grounded model trained on the store's successful steps, prompts that show the page as an element
@@ -34,7 +34,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for configs.*
 from configs.common import base_config  # noqa: E402
 
-# Task types a small model can learn from an element list (issue 14's calibration).
+# Task types a small model can learn from an element list (calibrated in bench/README.md).
 DEMO_TASKS = ("click-dialog", "click-dialog-2", "focus-text", "focus-text-2", "click-button", "click-link",
               "enter-text")
 
@@ -97,13 +97,10 @@ def get_config(arg=None):
     c.train.checkpoint.every_steps = 300
     c.train.metrics.every_steps = 50
 
-    # Grounding before SFT: rows of the element-list prompt with no history (~280-710 tokens), 8 a step, at SFT's
-    # rate; SFT then starts from the grounded export (issue 14's policy never learned to read the coordinates), with
-    # half a grounding row mixed in per SFT training step so that it keeps the skill. Measured on seed 0's store
-    # (bench/README.md, issue 26; one training run each): greedy grounding on held-out pages 28% after 300 steps,
-    # 56% after 900 (6.5 minutes on 2 cores); SFT without the mix fell back to 8% on those rows, with it kept 54%;
-    # closed loop 21.2% (300 steps) -> 27.4% (900) -> 34.8% (900, mixed). Six targets a row
-    # (ground.targets_per_row) learned no more than one at equal steps and cost 2.6x a step, so one.
+    # Grounding before SFT (an SFT policy from random weights does not learn to read the coordinates): rows of the
+    # element-list prompt with no history, 8 a step at SFT's rate; SFT starts from the grounded export with half a
+    # grounding row mixed in per training step so that it keeps the skill; one target a row. The measurements
+    # behind these numbers: bench/README.md, grounding.
     c.ground.train.total_steps = 900
     c.ground.train.warmup_steps = 10
     c.ground.probe_max_new_tokens = 96

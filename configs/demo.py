@@ -120,7 +120,7 @@ def get_config(arg=None):
     c.salvage.sample_batch = 16
     c.salvage.train.batch_size = 24
     c.salvage.train.total_steps = 30
-    # 3e-4 from a sweep on training-split diagnostics only (bench/README.md, issue 26): the one rate whose gain on
+    # 3e-4 from a sweep on training-split diagnostics only (bench/README.md): the one rate whose gain on
     # its own states excludes 0 with no loss on held-out task groups' steps (1e-4 learned nothing, 1e-3 and 60
     # updates lost held-out steps, 3e-3 collapsed).
     c.salvage.train.lr = 3e-4
@@ -135,7 +135,7 @@ def get_config(arg=None):
     # The teacher row: the scripted collector's attempt 1 on the same held-out seeds, a reference.
     c.eval.policies = "sft,salvage,teacher"
     c.eval.first_seed = 100_000
-    # 60 held-out seeds per task (420 pairs: issue 26 asks >= 60 to see a 3-7 point effect); 4 steps, twice what
+    # 60 held-out seeds per task (420 pairs: >= 60 to see a 3-7 point effect); 4 steps, twice what
     # any of the 7 tasks takes, keeps the eval within the demo's budget.
     c.eval.num_seeds = 60
     c.eval.max_steps = 4

@@ -25,7 +25,7 @@ from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
 # Random presets a stage can start from, each with the tokenizer written beside its weights: 'tiny'
 # (tests: the tiny BPE), 'demo' (the demo's policy trained from scratch: the agent BPE, ~2.5x shorter
 # prompts than bytes), 'demo_bytes' (the same model over one token per byte) and 'demo_coords' (the agent
-# BPE with one token per coordinate value 0..1000, issue 26's last grounding lever).
+# BPE with one token per coordinate value 0..1000, a grounding lever tried and not adopted: bench/README.md).
 RANDOM_PRESETS = {"tiny": (tiny, build_tiny_tokenizer), "demo": (demo, build_agent_bpe_tokenizer),
                   "demo_bytes": (functools.partial(demo, vocab_size=272), build_byte_tokenizer),
                   "demo_coords": (functools.partial(demo, vocab_size=1792),

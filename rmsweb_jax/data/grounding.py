@@ -6,7 +6,7 @@
     encoder = EncodeGroundingRow(ckpt, images, prompt_config, mask=data.mask)
     with SFTBatches(examples, np.arange(len(examples)), data, encoder, rows=8) as batches: trainer.fit(batches)
 
-Why: issue 14's SFT policy never learned to read an element's coordinates off the element list (on
+Why: an SFT policy trained from random weights does not learn to read an element's coordinates off the element list (on
 click-dialog its greedy click stayed near one point wherever the button was). Real GUI agents get that skill
 from pretraining on many "instruction -> element location" pairs (SeeClick, UGround, OS-Atlas); this is that
 at toy scale, built from the pages the collector already stored, so no browser runs.

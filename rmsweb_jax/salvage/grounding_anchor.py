@@ -1,7 +1,7 @@
 """Grounding anchor rows: the ground stage's rows (an instruction naming an element of a stored page -> the action at
 its centre) as extra anchor rows of a Salvage-DS update, in the batch's rows that would otherwise be padding.
 
-Why (issue 26, bench/README.md): SFT kept the grounding it started from only with grounding rows mixed into its data
+Why (bench/README.md): SFT kept the grounding it started from only with grounding rows mixed into its data
 (the probe fell from 56% to 8% without them). Salvage-DS then trains on mined agent steps only, and in the demo its
 30 updates took the probe from 50.0% to 42.5% while RMSWeb fell 7.1 points below SFT closed loop. These rows keep the
 skill in the loss: the same action-only NLL as the anchor rows of rejected groups (loss on the tool call, weighted

@@ -140,13 +140,17 @@ def decode_rules(rules, layout: str) -> tuple[tuple[str, Any], ...]:
     return tuple(out)
 
 
+def split_size(mesh: Mesh, entry) -> int:
+    """Returns how many ways a PartitionSpec entry (None, a mesh axis or a tuple of them) splits its dimension."""
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    return int(np.prod([mesh.shape[a] for a in axes]))
+
+
 def row_shards(mesh: Mesh | None, rules) -> int:
     """Returns how many ways `rules` split rows (the 'batch' axes) on `mesh` (1 without one)."""
     if mesh is None:
         return 1
-    spec = logical_to_spec(("batch",), rules, mesh)[0]
-    axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
-    return int(np.prod([mesh.shape[a] for a in axes]))
+    return split_size(mesh, logical_to_spec(("batch",), rules, mesh)[0])
 
 
 @dataclasses.dataclass(frozen=True)

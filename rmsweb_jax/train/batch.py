@@ -354,9 +354,7 @@ def to_global(batch: TrainBatch, shardings: TrainBatch | None) -> TrainBatch:
 def _feed_count(row_sharding_: NamedSharding, row_axis: int) -> int:
     """Returns how many feeds the rows of arrays placed with `row_sharding_` split into (train/feeds.py)."""
     spec = tuple(row_sharding_.spec) + (None,) * (row_axis + 1)
-    entry = spec[row_axis]
-    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-    shards = int(np.prod([row_sharding_.mesh.shape[a] for a in axes]))
+    shards = sharding.split_size(row_sharding_.mesh, spec[row_axis])
     return feeds.row_feeds(row_sharding_, shards, row_axis, row_axis + 1).count if shards > 1 else 1
 
 

@@ -32,6 +32,10 @@ Options:
   --runtime-version=V     TPU software version (default from the accelerator: v2-alpha-tpuv5-lite for
                           v5litepod, v2-alpha-tpuv5 for v5p, v2-alpha-tpuv6e for v6e, else tpu-ubuntu2204-base)
   --spot                  Spot capacity (cheaper, preemptible)
+  --retries=N             when the slice is preempted during the run (the VM is PREEMPTED, gone, or the run
+                          exited 143 after SIGTERM), delete it, create it again and rerun the same command,
+                          up to N times; the run resumes from the workdir's checkpoints (use a gs:// workdir
+                          or a shared mount: a preempted VM's disk is gone). Foreground runs only.
   --queued                create through a queued resource and wait until it is ACTIVE
   --wait-minutes=N        how long to wait for a queued resource (default 120)
   --repo-url=URL          git clone URL on the workers instead of copying this working tree
@@ -93,7 +97,7 @@ run() {
 # ---- arguments -------------------------------------------------------------------------------
 NAME="" ZONE="" ACCELERATOR="" CONFIG="" WORKDIR="" PROJECT="" RUNTIME_VERSION=""
 SPOT=0 QUEUED=0 WAIT_MINUTES=120 REPO_URL="" REF="main" CHECKPOINT="" CHECKPOINT_ROOT="/tmp/rmsweb_checkpoints"
-PYTHON="python3.11" CONSTRAINTS=1 SKIP_SETUP=0 DETACH=0 SHARED_WORKDIR=0 INTERNAL_IP=0 YES=0 DRY_RUN=0 ACTION="launch" LOG_WORKER=0
+RETRIES=0 PYTHON="python3.11" CONSTRAINTS=1 SKIP_SETUP=0 DETACH=0 SHARED_WORKDIR=0 INTERNAL_IP=0 YES=0 DRY_RUN=0 ACTION="launch" LOG_WORKER=0
 EXPORTS=() MAIN_ARGS=()
 
 set_action() {
@@ -143,6 +147,7 @@ while (($#)); do
     --env) EXPORTS+=("$value") ;;
     --python) PYTHON="$value" ;;
     --log-worker) LOG_WORKER="$value" ;;
+    --retries) RETRIES="$value" ;;
     *) die "unknown option '$key' (try --help)" ;;
   esac
 done
@@ -155,6 +160,8 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   || die "--name=$NAME: expected lowercase letters, digits and '-', starting with a letter"
 [[ "$LOG_WORKER" =~ ^[0-9]+$ ]] || die "--log-worker=$LOG_WORKER: expected a worker number (0, 1, ...)"
 [[ "$WAIT_MINUTES" =~ ^[0-9]+$ ]] || die "--wait-minutes=$WAIT_MINUTES: expected a whole number of minutes"
+[[ "$RETRIES" =~ ^[0-9]+$ ]] || die "--retries=$RETRIES: expected a whole number of retries"
+((RETRIES == 0 || DETACH == 0)) || die "--retries watches the run to its end: it cannot be combined with --detach"
 
 GC=(gcloud compute tpus)
 LOC=("--zone=$ZONE")
@@ -284,11 +291,22 @@ create_tpu() {
   fi
 }
 
-show "${GC[@]}" tpu-vm describe "$NAME" "${LOC[@]}" "--format=value(state)"
-if ((DRY_RUN)); then
-  note "dry run: assuming $NAME does not exist yet"
-  create_tpu
-else
+delete_tpu() {
+  if ((QUEUED)); then
+    run "${GC[@]}" queued-resources delete "$NAME" "${LOC[@]}" --force --quiet
+  else
+    run "${GC[@]}" tpu-vm delete "$NAME" "${LOC[@]}" --quiet
+  fi
+}
+
+ensure_tpu() {  # reuses a READY TPU, else creates it (a preempted one is deleted first when --retries allows)
+  show "${GC[@]}" tpu-vm describe "$NAME" "${LOC[@]}" "--format=value(state)"
+  if ((DRY_RUN)); then
+    note "dry run: assuming $NAME does not exist yet"
+    create_tpu
+    return 0
+  fi
+  local state
   state="$(vm_state)"
   case "$state" in
     READY) echo "reusing TPU VM $NAME (READY)" ;;
@@ -300,10 +318,16 @@ else
         create_tpu
       fi
       ;;
+    PREEMPTED | TERMINATED)
+      ((RETRIES > 0)) || die "TPU VM $NAME exists but is $state (expected READY); --delete it and rerun, or pass --retries=N"
+      echo "TPU VM $NAME is $state: deleting it and creating it again"
+      delete_tpu
+      create_tpu
+      ;;
     *) die "TPU VM $NAME exists but is $state (expected READY); if it was preempted, --delete it and rerun" ;;
   esac
   ssh-add -l >/dev/null 2>&1 || warn "no key in ssh-agent; --worker=all may prompt per worker (ssh-add ~/.ssh/google_compute_engine)"
-fi
+}
 
 # ---- 2. the bundle every worker gets: env.sh, the remote scripts, and the code --------------------
 write_env() {
@@ -349,13 +373,27 @@ if [[ -z "$REPO_URL" ]]; then
   run tar -czf "$BUNDLE/src.tar.gz" -C "$REPO_ROOT" --null --ignore-failed-read -T "$files"
 fi
 
-# ---- 3. ship, install, run on all workers --------------------------------------------------------
-run "${GC[@]}" tpu-vm scp --recurse "$BUNDLE" "$NAME:" "${LOC[@]}" --worker=all "${SSH_OPTS[@]}"
-ssh_workers all 'bash ~/rmsweb_launch/setup.sh'
-if ((DETACH)); then
-  # setsid + closed fds: the run outlives this ssh session.
-  ssh_workers all 'setsid nohup bash ~/rmsweb_launch/run.sh --detached >/dev/null 2>&1 </dev/null &'
-  echo "started $RUN_ID on all workers; follow it with: $0 --name=$NAME ${LOC[*]} --logs"
-else
-  ssh_workers all 'bash ~/rmsweb_launch/run.sh'
-fi
+# ---- 3. ship, install, run on all workers; a preempted slice is created again (--retries) --------------
+attempt=0
+while :; do
+  ensure_tpu
+  run "${GC[@]}" tpu-vm scp --recurse "$BUNDLE" "$NAME:" "${LOC[@]}" --worker=all "${SSH_OPTS[@]}"
+  ssh_workers all 'bash ~/rmsweb_launch/setup.sh'
+  if ((DETACH)); then
+    # setsid + closed fds: the run outlives this ssh session.
+    ssh_workers all 'setsid nohup bash ~/rmsweb_launch/run.sh --detached >/dev/null 2>&1 </dev/null &'
+    echo "started $RUN_ID on all workers; follow it with: $0 --name=$NAME ${LOC[*]} --logs"
+    exit 0
+  fi
+  status=0
+  ssh_workers all 'bash ~/rmsweb_launch/run.sh' || status=$?
+  ((status != 0 && attempt < RETRIES && DRY_RUN == 0)) || exit "$status"
+  state="$(vm_state)"
+  case "$state" in
+    PREEMPTED | TERMINATED | "") ;;
+    *) ((status == 143)) || exit "$status" ;;  # 143: the run saved its step after a SIGTERM (preemption)
+  esac
+  attempt=$((attempt + 1))
+  echo "gcloud_tpu.sh: the run ended with status $status and TPU VM $NAME is ${state:-gone}: preempted;" \
+    "retry $attempt of $RETRIES (the run resumes from $WORKDIR)"
+done

@@ -8,6 +8,7 @@ A ValueError, so that code checking values keeps catching it. Anything else is a
 traceback. The small commands (the viewer, the planner) end the same way through run_absl_command, which
 also makes --help exit 0 (absl's own exits 1).
 """
+import errno
 import os
 import sys
 
@@ -66,3 +67,22 @@ def exit_with_one_line(prog: str, err: BaseException, hint: str = "") -> None:
     message = one_line(err)
     print(f"{prog}: error: {message}{' ' + hint if hint else ''}", file=sys.stderr, flush=True)
     sys.exit(USAGE_ERROR)
+
+
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_FULL_TEXTS = ("No space left on device", "Disk quota exceeded")  # as tensorstore and Orbax's wrappers word them
+
+
+def disk_full(err: BaseException) -> OSError | str | None:
+    """Returns the OSError (or the message) of a full disk or quota anywhere in `err`'s chain of causes, else None:
+    Orbax and tensorstore wrap the writer's ENOSPC in errors of their own."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _FULL_ERRNOS:
+            return err
+        text = str(err)
+        if any(t in text for t in _FULL_TEXTS):
+            return " ".join(text.split())[:300]
+        err = err.__cause__ or err.__context__
+    return None

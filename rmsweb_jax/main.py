@@ -17,6 +17,10 @@ One run per workdir: a run takes <workdir>/run.lock before it writes anything an
 (rmsweb_jax/workdir_lock.py); a second run on the same workdir is refused in one line naming the holder,
 status 2. On a pod slice process 0 holds it and the others wait for its answer.
 
+SIGTERM (a preempted spot VM, a pod's maintenance event): a training stage saves the step in flight, every other
+stage keeps what it completed; one line says so and the run exits with status 143; rerunning the same command
+resumes (rmsweb_jax/preemption.py).
+
 `--config.stages=help` prints each stage (what it does, the stages it reads from, what it writes, the
 config fields it reads, with this config's values) and runs nothing. Ctrl-C stops the run with one line
 naming the stage it stopped, status 130; rerunning the same command resumes it (the stages' manifests and
@@ -37,8 +41,9 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from rmsweb_jax import preemption
 from rmsweb_jax.distributed import gpu_memory_fraction, libtpu_init_args, maybe_initialize_distributed
-from rmsweb_jax.errors import USAGE_ERROR, UserError, exit_with_one_line, one_line, wants_help
+from rmsweb_jax.errors import USAGE_ERROR, UserError, disk_full, exit_with_one_line, one_line, wants_help
 from rmsweb_jax.workdir_lock import WorkdirLock, describe
 # STAGES: stage name -> its module of rmsweb_jax.stages (the registry lives beside the runner, which the
 # `table` stage also runs on its variants' sub-workdirs).
@@ -78,7 +83,7 @@ def main(argv) -> None:
         from rmsweb_jax.stages.describe import describe_stages  # deferred: it imports every stage module
         print(describe_stages(_CONFIG.value))
         return
-    stop = CtrlC(_WORKDIR.value)
+    stop = Stop(_WORKDIR.value)
     try:
         stage_names(_CONFIG.value.stages)  # a misspelt stage answers before the cluster starts
         if _WORKDIR.value is None:
@@ -95,26 +100,43 @@ def main(argv) -> None:
         import jax  # deferred: JAX reads the two settings above when its first backend starts, here
         if jax.default_backend() == "gpu":
             logging.info(gpu_memory)
+        if jax.process_index() == 0:
+            from rmsweb_jax.plan.disk import space_warning
+            warning = space_warning(_CONFIG.value, _WORKDIR.value, stage_names(_CONFIG.value.stages))
+            if warning:
+                print(f"rmsweb: warning: {warning}", file=sys.stderr, flush=True)
         with workdir_locked(_CONFIG.value, _WORKDIR.value) as lock, stop.handling(lock):
             run_stages(_CONFIG.value, _WORKDIR.value)
     except UserError as err:
         if _traceback_wanted():
             raise
         _exit_with(err)
-    except KeyboardInterrupt:
+    except preemption.Preempted as err:  # not a failure: no traceback, even when asked for one
+        stop.exit(err)
+    except KeyboardInterrupt as err:
         if _traceback_wanted():
             raise
-        stop.exit()
+        stop.exit(err)
+    except Exception as err:
+        full = disk_full(err)
+        if full is None or _traceback_wanted():
+            raise
+        print(f"rmsweb: error: {_full_disk_line(full, _WORKDIR.value)}", file=sys.stderr, flush=True)
+        _hard_exit(USAGE_ERROR)  # Orbax's writer threads would print pages of tracebacks at the interpreter's exit
 
 
-class CtrlC:
-    """Ctrl-C during a run: one line naming the stage it stopped and saying that rerunning resumes, status 130.
+class Stop:
+    """Ctrl-C and SIGTERM during a run: one line saying what stopped and that rerunning resumes, then status 130
+    (Ctrl-C) or 143 (SIGTERM, rmsweb_jax/preemption.py).
 
-    Python's own SIGINT handling raises KeyboardInterrupt wherever the main thread is, and a KeyboardInterrupt
-    raised inside a garbage-collection callback (JAX registers one) is printed and dropped: the run would go on.
-    So the handler also starts a watchdog that ends the process STOP_GRACE_S after the Ctrl-C if unwinding has not
-    (or never began); a second Ctrl-C ends it at once. Ending it abruptly is safe: a stage's outputs count only
-    once its manifest is written, and checkpoints are written atomically (a kill -9 resumes the same way).
+    Ctrl-C raises KeyboardInterrupt wherever the main thread is. SIGTERM waits for the next step of a training loop
+    that is stepping (it saves that step, then raises Preempted) and otherwise raises Preempted at once. A
+    KeyboardInterrupt raised inside a garbage-collection callback (JAX registers one) is printed and dropped: the run
+    would go on. So each signal also starts a watchdog that ends the process when it has not stopped within the
+    grace (STOP_GRACE_S after Ctrl-C, preemption.GRACE_S after SIGTERM); a second signal ends it at once. Ending it
+    abruptly is safe: a stage's outputs count only once its manifest is written, and checkpoints are written
+    atomically (a kill -9 resumes the same way). The exit itself skips the interpreter's teardown (os._exit), which
+    crashed while native threads of the model stage were still working.
     A lock lost on a bucket also interrupts the main thread (workdir_lock.py): that is not a Ctrl-C, and the lock's
     own message has been printed, so the run then ends with status 2 and no Ctrl-C line.
     """
@@ -122,65 +144,100 @@ class CtrlC:
     def __init__(self, workdir: str | None):
         self.workdir, self.lock = workdir, None
         self._said = threading.Lock()
-        self._pressed = threading.Event()
-        self._pressed_at: float | None = None
+        self._signalled = threading.Event()
+        self._deadline: float | None = None
 
     @contextlib.contextmanager
     def handling(self, lock):
-        """Yields with this handler on SIGINT (main thread only), the previous handler restored after."""
+        """Yields with this handler on SIGINT and SIGTERM (main thread only), the previous handlers restored after."""
         self.lock = lock
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
-    def _on_sigint(self, signum, frame):
-        if self._pressed.is_set():
-            self._say_and_end()
-        self._pressed.set()
-        self._pressed_at = time.monotonic()
-        threading.Thread(target=self._end_after_grace, name="rmsweb-ctrl-c", daemon=True).start()
-        raise KeyboardInterrupt
+    def _on_signal(self, signum, frame):
+        term = signum == signal.SIGTERM
+        if self._signalled.is_set():
+            self._end(self._message(term, late=True), preemption.PREEMPTED if term else INTERRUPTED)
+        self._signalled.set()
+        grace = preemption.GRACE_S if term else STOP_GRACE_S
+        self._deadline = time.monotonic() + grace
+        threading.Thread(target=self._end_after_grace, args=(term, grace), name="rmsweb-stop", daemon=True).start()
+        if not term:
+            raise KeyboardInterrupt
+        preemption.notice()
+        if not preemption.defers():
+            raise preemption.Preempted(self._message(term=True))
 
-    def _end_after_grace(self) -> None:
-        time.sleep(STOP_GRACE_S)
-        self._say_and_end()
+    def _message(self, term: bool, late: bool = False) -> str:
+        stage = _interrupted_stage(self.workdir)
+        if not term:
+            return f"interrupted: {stage} stopped by Ctrl-C; rerun the same command to resume"
+        if late:
+            return (f"preempted: {stage} had not stopped {preemption.GRACE_S:.0f} s after SIGTERM; rerun the same "
+                    "command to resume from its last checkpoint")
+        return f"preempted: {stage} stopped by SIGTERM; what it completed is saved; rerun the same command to resume"
+
+    def _end_after_grace(self, term: bool, grace: float) -> None:
+        time.sleep(grace)
+        self._end(self._message(term, late=term), preemption.PREEMPTED if term else INTERRUPTED)
 
     def _lost_lock(self) -> bool:
         return bool(getattr(self.lock, "lost", False))
 
-    def _say(self) -> bool:
-        if not self._said.acquire(blocking=False):
-            return False
-        if not self._lost_lock():
-            print(f"rmsweb: interrupted: {_interrupted_stage(self.workdir)} stopped by Ctrl-C; rerun the same "
-                  "command to resume", file=sys.stderr, flush=True)
-        return True
+    def _say(self, message: str) -> None:
+        if self._said.acquire(blocking=False) and not self._lost_lock():
+            print(f"rmsweb: {message}", file=sys.stderr, flush=True)
 
-    def _say_and_end(self) -> None:
-        self._say()
-        sys.stdout.flush()
-        os._exit(USAGE_ERROR if self._lost_lock() else INTERRUPTED)
+    def _end(self, message: str, status: int) -> None:
+        self._say(message)
+        _hard_exit(USAGE_ERROR if self._lost_lock() else status)
 
-    def exit(self) -> None:
-        """Says what stopped (once), lets threads still working finish (within the grace) and exits with 130 (2 when
-        the lock was lost)."""
-        self._say()
+    def exit(self, err: BaseException | None = None) -> None:
+        """Says what stopped (once: Preempted's own message, else the Ctrl-C line), lets threads still working
+        finish (within the grace) and exits with 130 or 143 (2 when the lock was lost)."""
+        term = isinstance(err, preemption.Preempted)
+        self._say(str(err) if term and str(err) else self._message(term))
         self._join_working_threads()
-        sys.exit(USAGE_ERROR if self._lost_lock() else INTERRUPTED)
+        _hard_exit(USAGE_ERROR if self._lost_lock() else preemption.PREEMPTED if term else INTERRUPTED)
 
     def _join_working_threads(self) -> None:
-        """Waits, until the grace ends, for the other non-daemon threads (Orbax's async checkpoint saves). Python's
-        exit shuts its thread-pool executors down before it joins those threads: a save still running then fails
-        at its next submit with a traceback ("cannot schedule new futures after interpreter shutdown")."""
-        deadline = (self._pressed_at or time.monotonic()) + STOP_GRACE_S
+        """Waits, until the grace ends, for the other non-daemon threads (Orbax's async checkpoint saves): their
+        writes finish rather than leave a temporary folder."""
+        deadline = self._deadline or time.monotonic() + STOP_GRACE_S
         for thread in threading.enumerate():
             if thread is not threading.current_thread() and not thread.daemon:
                 thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _hard_exit(status: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _full_disk_line(full: OSError | str, workdir: str) -> str:
+    """Returns the one line for a full disk: what failed where, what is free, and that the rerun resumes."""
+    from rmsweb_jax import storage
+    if isinstance(full, OSError):
+        what = full.strerror + (f" writing {full.filename}" if full.filename else "")
+    else:
+        what = full
+    free = ""
+    if not storage.is_remote(workdir):
+        import shutil
+        folder = pathlib.Path(workdir).absolute()
+        while not folder.exists():
+            folder = folder.parent
+        free = f" ({shutil.disk_usage(folder).free / 2**20:,.1f} MiB free there now)"
+    return (f"the disk under workdir {workdir} is full{free}: {what}; what was saved before is intact: free space and "
+            "rerun the same command to resume")
 
 
 def _describe_wanted(stages) -> bool:

@@ -108,13 +108,13 @@ def test_stages_help_describes_every_stage_from_its_declarations():
 LATE_BACKGROUND_WORK = """
 import os, signal, threading, time
 from concurrent.futures import ThreadPoolExecutor
-from rmsweb_jax.main import CtrlC
+from rmsweb_jax.main import Stop
 
 pool = ThreadPoolExecutor(1)
 def finish_save():  # as Orbax's async checkpoint thread: it hands its last step to an executor after the Ctrl-C
     time.sleep(1.0)
     pool.submit(print, "saved", flush=True).result()
-stop = CtrlC(None)
+stop = Stop(None)
 try:
     with stop.handling(None):
         threading.Thread(target=finish_save, name="finish-save").start()

@@ -26,11 +26,14 @@ RMSWEB_ORBAX_INFO=1 is set, so the progress bar and metrics stay readable.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
+import errno
 import datetime
 import logging
 import os
 import pathlib
+import sys
 from typing import Any
 
 import jax
@@ -41,7 +44,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import type_handlers
 
 from rmsweb_jax import storage
-from rmsweb_jax.errors import UserError
+from rmsweb_jax.errors import UserError, disk_full
 
 REPLICA_PARALLEL_MIN_BYTES = 16 << 20
 QUARANTINE = "quarantine"  # <directory>/quarantine/<step>-<UTC time>/: damaged checkpoints, set aside
@@ -53,18 +56,36 @@ class CheckpointDamaged(Exception):
 
 
 class _OrbaxInfoFilter(logging.Filter):
-    """Drops Orbax's INFO (and below) records from the absl logger; keeps everything else."""
+    """Drops Orbax's INFO (and below) records from the absl logger, and its writer threads' tracebacks of a full
+    disk (the save or wait that meets it raises DiskFull, which main prints as one line); keeps everything else."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno > logging.INFO or f"{os.sep}orbax{os.sep}" not in record.pathname
+        if f"{os.sep}orbax{os.sep}" not in record.pathname:
+            return True
+        if record.exc_info and record.exc_info[1] is not None and disk_full(record.exc_info[1]) is not None:
+            return False
+        return record.levelno > logging.INFO or os.environ.get("RMSWEB_ORBAX_INFO") == "1"
+
+
+def _closed_loop(err: BaseException | None) -> bool:
+    return isinstance(err, RuntimeError) and str(err) == "Event loop is closed"
 
 
 def _quiet_orbax() -> None:
-    if os.environ.get("RMSWEB_ORBAX_INFO") == "1":
-        return
     logger = logging.getLogger("absl")
     if not any(isinstance(f, _OrbaxInfoFilter) for f in logger.filters):
         logger.addFilter(_OrbaxInfoFilter())
+    # An Orbax writer whose first write failed (a full disk) closes its event loop while its other tensorstore writes
+    # are still running; each then fails to report back, and tensorstore prints that through sys.excepthook. The first
+    # failure is the one the save raises.
+    if not getattr(sys.excepthook, "rmsweb_drops_closed_loops", False):
+        previous = sys.excepthook
+
+        def hook(kind, value, traceback):
+            if not _closed_loop(value):
+                previous(kind, value, traceback)
+        hook.rmsweb_drops_closed_loops = True
+        sys.excepthook = hook
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +143,8 @@ class Checkpointer:
         args = ocp.args.Composite(state=ocp.args.PyTreeSave(state),
                                   data=ocp.args.JsonSave(_encode(data_state)),
                                   meta=ocp.args.JsonSave(meta))
-        self._manager.save(step, args=args, force=True)
+        with self._writing(f"checkpoint {step} in {self.directory}"):
+            self._manager.save(step, args=args, force=True)
 
     def restore(self, abstract_state, step: int | None = None) -> Restored:
         """Returns checkpoint `step` (default: the latest), arrays placed like `abstract_state`'s shardings;
@@ -203,12 +225,35 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Blocks until pending asynchronous saves have finished."""
-        self._manager.wait_until_finished()
+        with self._writing(f"a checkpoint in {self.directory}"):
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Waits for pending saves and releases the manager."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
+
+    @contextlib.contextmanager
+    def _writing(self, what: str):
+        """Turns a full disk met by an Orbax writer (its own error types, often without a file name) into an OSError
+        naming `what` it was writing and how much a checkpoint here takes."""
+        try:
+            yield
+        except Exception as err:
+            if disk_full(err) is None:
+                raise
+            size = self._checkpoint_bytes()
+            needs = f" (a checkpoint here takes {size / 2**20:,.1f} MiB)" if size else ""
+            raise OSError(errno.ENOSPC, f"No space left on device writing {what}{needs}") from err
+
+    def _checkpoint_bytes(self) -> int:
+        """Returns the size of the newest finished checkpoint on a local disk (0 on a bucket or when none)."""
+        step = self._manager.latest_step()
+        if step is None or storage.is_remote(self.directory):
+            return 0
+        return sum(f.stat().st_size for f in pathlib.Path(self.directory, str(step)).rglob("*") if f.is_file())
 
     def __enter__(self) -> "Checkpointer":
         return self

@@ -24,6 +24,9 @@ scalar read is checked: a non-finite loss, gradient norm or parameter norm stops
 NonFiniteError naming the step. A state is saved only after its step's scalars were checked, so
 a NaN state never reaches disk and the last good checkpoint stays the latest.
 
+SIGTERM (a preempted VM, rmsweb_jax/preemption.py): the step in flight finishes, the state is saved at that step
+(every process of a pod slice saves the same one) and `step` raises Preempted; rerunning resumes there.
+
 A damaged checkpoint (its files do not read back as saved: train/checkpoint.py) is moved to
 checkpoints/quarantine/ with one line naming it and the error, and the run resumes from the newest
 intact one, with that step's data-iterator state and RNG. When none is intact the run stops with a
@@ -43,7 +46,7 @@ from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from rmsweb_jax import storage
+from rmsweb_jax import preemption, storage
 from rmsweb_jax.errors import UserError
 from rmsweb_jax.models.from_config import runtime_from_config
 from rmsweb_jax.model_init import load_model
@@ -90,7 +93,7 @@ class Trainer:
 
     def __init__(self, config, workdir: str | pathlib.Path, *, name: str = "train", loss_fn: LossFn | None = None):
         self.config, self.workdir = config, storage.as_path(workdir)  # local, or gs://
-        self.run_dir = self.workdir / name
+        self.name, self.run_dir = name, self.workdir / name
         self.settings = s = TrainSettings.from_config(config.get("train"))
         self.mesh, self.rules = mesh_from_config(config), rules_from_config(config)
         # A process feeds the rows its devices hold: processes whose devices hold the same rows (a tensor group
@@ -125,6 +128,8 @@ class Trainer:
         self._clock: float | None = None
         self._save_owed = False  # a checkpoint fell due at a step that could not save (step can_save=False)
         self.last_metrics: dict[str, float] = {}
+        preemption.training_started()
+        self._stepping = True
         if self.resumed_from is not None:
             self.writer.message(f"[train] resumed from checkpoint step {self.resumed_from} in "
                                 f"{self.checkpoints.directory}")
@@ -240,6 +245,17 @@ class Trainer:
         if due_checkpoint:
             self.save()
             self._save_owed = False
+        if preemption.save_step(step) and can_save:
+            self._stop_preempted(step)
+
+    def _stop_preempted(self, step: int) -> None:
+        """Saves the state of `step` (its metrics first) and raises Preempted."""
+        self._drain(keep=0)
+        self._report(step)
+        self.save()
+        self.checkpoints.wait()
+        raise preemption.Preempted(f"preempted at step {step} of {self.name}; checkpoint saved; rerun the same "
+                                   "command to resume")
 
     def save(self) -> None:
         """Saves the current state (already checked finite) as checkpoint `step_count`."""
@@ -315,6 +331,9 @@ class Trainer:
 
     def close(self) -> None:
         """Waits for pending checkpoint writes and closes the metric sinks (and a trace still recording)."""
+        if getattr(self, "_stepping", False):
+            preemption.training_ended()
+            self._stepping = False
         self.profiler.stop(self.step_count)
         self.checkpoints.close()
         self.writer.close()

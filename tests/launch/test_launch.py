@@ -208,8 +208,14 @@ def fake_worker(tmp_path):
     (bin_dir / "curl").write_text("#!/bin/sh\necho 0\n")  # the metadata server's worker number
     venv_bin = home / "rmsweb_venv" / "bin"
     (venv_bin / "activate").write_text(f'export PATH="{venv_bin}:$PATH"\n')
+    # FAKE_PREEMPTIONS=N: the first N runs are preempted (the VM goes PREEMPTED, the run exits 143 after SIGTERM).
     (venv_bin / "python").write_text('#!/bin/bash\necho "cwd=$PWD dist=$RMSWEB_DISTRIBUTED"\n'
-                                     'for a in "$@"; do echo "arg<$a>"; done\nexit "${FAKE_EXIT:-0}"\n')
+                                     'for a in "$@"; do echo "arg<$a>"; done\n'
+                                     'runs=$(( $(cat "$FAKE_WORKER_HOME/.runs" 2>/dev/null || echo 0) + 1 ))\n'
+                                     'echo "$runs" > "$FAKE_WORKER_HOME/.runs"\n'
+                                     'if (( runs <= ${FAKE_PREEMPTIONS:-0} )); then\n'
+                                     '  echo PREEMPTED > "$FAKE_WORKER_HOME/.fake_tpu_state"; exit 143; fi\n'
+                                     'exit "${FAKE_EXIT:-0}"\n')
     for path in (bin_dir / "gcloud", bin_dir / "curl", venv_bin / "python"):
         path.chmod(0o755)
     env = {"FAKE_GCLOUD_LOG": str(tmp_path / "gcloud.log"), "FAKE_WORKER_HOME": str(home)}
@@ -235,6 +241,34 @@ def test_launch_runs_for_real_against_a_fake_gcloud(tmp_path):
     again = gcloud_tpu(*RUN, "--skip-setup", "--env=FAKE_EXIT=3", env=env, path_prefix=path_prefix)
     assert again.returncode == 3 and "reusing TPU VM my-tpu (READY)" in again.stdout
     assert (tmp_path / "gcloud.log").read_text().count("tpu-vm create") == 1
+
+
+def test_a_preempted_spot_slice_is_created_again_and_the_run_rerun_up_to_retries(tmp_path):
+    path_prefix, env, home = fake_worker(tmp_path)
+    result = gcloud_tpu(*RUN, "--spot", "--skip-setup", "--retries=2", "--env=FAKE_PREEMPTIONS=2", env=env,
+                        path_prefix=path_prefix)
+    assert result.returncode == 0, result.stdout + result.stderr
+    verbs = [line.split()[3] for line in (tmp_path / "gcloud.log").read_text().splitlines()]
+    run = ["scp", "ssh", "ssh", "describe"]
+    assert verbs == ["describe", "create", *run, "describe", "delete", "create", *run, "describe", "delete",
+                     "create", "scp", "ssh", "ssh"], verbs
+    assert result.stdout.count("[w0] rmsweb_jax.main exited with status 143") == 2
+    assert "retry 2 of 2 (the run resumes from /mnt/my-bucket/runs/8b)" in result.stdout
+    assert all("--spot" in line for line in (tmp_path / "gcloud.log").read_text().splitlines() if " create " in line)
+
+    # Out of retries: the preempted run's status comes back; without --retries a PREEMPTED VM is named.
+    (home / ".runs").unlink()
+    again = gcloud_tpu(*RUN, "--skip-setup", "--retries=1", "--env=FAKE_PREEMPTIONS=5", env=env,
+                       path_prefix=path_prefix)
+    assert again.returncode == 143, again.stdout + again.stderr
+    stuck = gcloud_tpu(*RUN, "--skip-setup", env=env, path_prefix=path_prefix)
+    assert stuck.returncode == 2 and "is PREEMPTED (expected READY); --delete it and rerun, or pass --retries=N" in \
+        stuck.stderr
+
+
+def test_retries_need_a_foreground_run(no_gcloud):
+    result = gcloud_tpu(*RUN, "--retries=2", "--detach", "--dry-run", path_prefix=no_gcloud)
+    assert result.returncode == 2 and "--retries watches the run to its end" in result.stderr
 
 
 # ---- Colab notebook -----------------------------------------------------------------------------

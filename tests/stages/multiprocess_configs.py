@@ -28,11 +28,11 @@ POD_STEPS = 2
 
 def pod_pipeline():
     """Returns every model stage on the tiny model over a store the test collects (2 MiniWoB++ tasks x 4 seeds):
-    train_smoke, ground, sft (from ground's export), mine (replay and rollouts), salvage, eval (1 seed); 2 steps
+    ground, sft (from ground's export), mine (replay and rollouts), salvage, eval (1 seed); 2 steps
     each, 4 rows a step (2 per feed), text-only prompts, one browser worker per process. The test gives the mesh
     (--config.mesh.shape: a pod preset's layout at tiny widths) and the checkpoint mine, salvage and eval load."""
     c = base_config()
-    c.stages = ("train_smoke", "ground", "sft", "mine", "salvage", "eval")
+    c.stages = ("ground", "sft", "mine", "salvage", "eval")
     c.model.init, c.model.scan_layers = "random:tiny", False
     c.prompt.observation, c.prompt.system = "elements", "compact"
     c.prompt.history_steps, c.prompt.history_images = 1, 0
@@ -44,7 +44,6 @@ def pod_pipeline():
     t = c.train
     t.batch_size, t.optimizer.total_steps, t.optimizer.warmup_steps, t.optimizer.lr = 4, POD_STEPS, 0, 3e-3
     t.checkpoint.every_steps, t.checkpoint.async_save, t.metrics.every_steps = POD_STEPS, False, 1
-    c.train_smoke.examples = 8
     c.ground.train.batch_size, c.ground.train.total_steps = 4, POD_STEPS
     c.ground.probe_rows, c.ground.probe_batch_size, c.ground.probe_max_new_tokens = 4, 4, 8
     c.sft.init = "ground"

@@ -1,5 +1,5 @@
 """Every model stage at each pod preset's process layout, scaled down: real JAX processes on 127.0.0.1 (gloo)
-run `python -m rmsweb_jax.main` through train_smoke, ground, sft, mine (replay and rollouts), salvage and eval,
+run `python -m rmsweb_jax.main` through ground, sft, mine (replay and rollouts), salvage and eval,
 and reach what one process with all the devices reaches.
 
 A pod host has 4 chips; a preset's layout is what its mesh does to hosts (`scaled_layout`):
@@ -8,7 +8,7 @@ A pod host has 4 chips; a preset's layout is what its mesh does to hosts (`scale
 - tensor 8 over 4-chip hosts (32B, and 8B on v6e when it uses tensor 8): a tensor group spans two hosts, which
   then feed the same rows (train/feeds.py); scaled: 4 processes x 1 device, mesh (1, 2, 2).
 - FSDP only: every device its own rows; scaled: 2 processes x 2 devices, mesh (1, 4, 1).
-The reference is one process with 4 devices (mesh (1, 2, 2)): train_smoke's and salvage's losses, the exported
+The reference is one process with 4 devices (mesh (1, 2, 2)): salvage's losses, the exported
 weights, the state set and the eval report equal its own (to float32 rounding where rows sit on other devices).
 Ground and sft read their examples through pipelines sharded by feed (each feed its slice of the shuffled
 examples, data/sft.py), so their batches depend on the number of feeds: every layout here has two, and their
@@ -28,7 +28,7 @@ from tests.settings import collect_settings, store_writer
 CONFIG = "tests/stages/multiprocess_configs.py:pod_pipeline"
 PRESETS = ("qwen3_vl_8b_sft.py:v5p", "qwen3_vl_8b_sft.py:v6e", "qwen3_vl_32b_sft.py:v5p", "qwen3_vl_32b_sft.py:v6e")
 TIMEOUT_S = 1500  # four processes and their compiles at once on 2 cores
-TRAINED = ("train_smoke", "ground", "sft", "salvage")
+TRAINED = ("ground", "sft", "salvage")
 FEED_SHARDED = ("ground", "sft")  # examples sharded by feed: equal across layouts of as many feeds
 
 
@@ -61,6 +61,9 @@ def _layouts() -> list:
         by_layout.setdefault(scaled_layout(preset_mesh(preset)), []).append(preset)
     return [pytest.param(layout, id="+".join(p.replace("qwen3_vl_", "").replace("_sft.py", "") for p in presets))
             for layout, presets in by_layout.items()]
+
+
+LAYOUTS = _layouts()
 
 
 def _run(workdir: pathlib.Path, processes: int, devices: int, mesh: tuple, store: pathlib.Path) -> list[str]:
@@ -124,6 +127,20 @@ def reference(store) -> dict:
     return _results(workdir)
 
 
+@pytest.fixture(scope="module")
+def layout_run(store):
+    """Returns run(layout) -> (logs, results) of the pipeline at `layout`, each layout run once per module."""
+    done: dict[tuple, tuple[list[str], dict]] = {}
+
+    def run(layout: tuple) -> tuple[list[str], dict]:
+        if layout not in done:
+            processes, devices, mesh = layout
+            workdir = store.parent / f"pod{processes}x{devices}"
+            done[layout] = _run(workdir, processes, devices, mesh, store), _results(workdir)
+        return done[layout]
+    return run
+
+
 def test_each_preset_has_a_layout_here():
     # The presets' meshes map onto the layouts this file runs (a new layout would need its own run).
     layouts = {scaled_layout(preset_mesh(p)) for p in PRESETS}
@@ -139,38 +156,44 @@ def _same_steps(got: dict, want: dict, stage: str) -> None:
 
 
 @pytest.mark.slow
-def test_every_pod_layout_runs_every_stage_to_the_results_of_one_process(store, reference):
+@pytest.mark.timeout(2 * TIMEOUT_S)  # the first layout also builds the one-process reference
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_pod_layout_runs_every_stage_to_the_results_of_one_process(layout, store, reference, layout_run):
     from safetensors.numpy import load_file
-    first = None
-    for layout in _layouts():
-        processes, devices, mesh = layout.values[0]
-        workdir = store.parent / f"pod{processes}x{devices}"
-        logs = _run(workdir, processes, devices, mesh, store)
-        got = _results(workdir)
-        for stage in TRAINED:
-            if stage not in FEED_SHARDED:
-                _same_steps(got["metrics"][stage], reference["metrics"][stage], stage)
-            elif first is not None:
-                _same_steps(got["metrics"][stage], first["metrics"][stage], stage)
-        first = first or got
-        a, b = (load_file(w / "salvage" / "hf" / "model.safetensors") for w in (store.parent / "one", workdir))
-        assert max(float(np.abs(a[k] - b[k]).max()) for k in a) <= 1e-5, layout.id
+    processes, devices, _ = layout
+    logs, got = layout_run(layout)
+    for stage in TRAINED:
+        if stage not in FEED_SHARDED:
+            _same_steps(got["metrics"][stage], reference["metrics"][stage], stage)
+    a, b = (load_file(w / "salvage" / "hf" / "model.safetensors")
+            for w in (store.parent / "one", store.parent / f"pod{processes}x{devices}"))
+    assert max(float(np.abs(a[k] - b[k]).max()) for k in a) <= 1e-5
 
-        # Mine: the same state set (reference log-probs to float32 rounding), rollouts played once per group.
-        want_states, got_states = reference["states"], got["states"]
-        assert len(got_states) == len(want_states) > 0
-        logprobs = [[np.nan if s.reference_logprob is None else s.reference_logprob for s in states]
-                    for states in (got_states, want_states)]  # rollout states have none
-        np.testing.assert_allclose(*logprobs, rtol=1e-6)
-        assert [(s.task_id, s.seed, s.step, s.source, s.critical) for s in got_states] == \
-            [(s.task_id, s.seed, s.step, s.source, s.critical) for s in want_states]
-        assert {k: v for k, v in got["rollouts"].items() if k != "store"} == \
-            {k: v for k, v in reference["rollouts"].items() if k != "store"}
+    # Mine: the same state set (reference log-probs to float32 rounding), rollouts played once per group.
+    want_states, got_states = reference["states"], got["states"]
+    assert len(got_states) == len(want_states) > 0
+    logprobs = [[np.nan if s.reference_logprob is None else s.reference_logprob for s in states]
+                for states in (got_states, want_states)]  # rollout states have none
+    np.testing.assert_allclose(*logprobs, rtol=1e-6)
+    assert [(s.task_id, s.seed, s.step, s.source, s.critical) for s in got_states] == \
+        [(s.task_id, s.seed, s.step, s.source, s.critical) for s in want_states]
+    assert {k: v for k, v in got["rollouts"].items() if k != "store"} == \
+        {k: v for k, v in reference["rollouts"].items() if k != "store"}
 
-        # Eval: each host played its share with its own copy of each policy; the merged report is the reference's.
-        assert got["report"]["policies"] == reference["report"]["policies"], layout.id
-        played = [sum(int(n) for n in re.findall(r"this run played (\d+) task groups", log)) for log in logs]
-        pairs = 2  # 2 tasks x 1 seed: pair i on process i % processes
-        assert played == [len(got["report"]["policies"]) * len(range(p, pairs, processes))
-                          for p in range(processes)], (layout.id, played)
-        assert all("Traceback" not in log for log in logs), layout.id
+    # Eval: each host played its share with its own copy of each policy; the merged report is the reference's.
+    assert got["report"]["policies"] == reference["report"]["policies"]
+    played = [sum(int(n) for n in re.findall(r"this run played (\d+) task groups", log)) for log in logs]
+    pairs = 2  # 2 tasks x 1 seed: pair i on process i % processes
+    assert played == [len(got["report"]["policies"]) * len(range(p, pairs, processes)) for p in range(processes)]
+    assert all("Traceback" not in log for log in logs)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * TIMEOUT_S)
+def test_layouts_of_as_many_feeds_ground_and_sft_alike(layout_run):
+    """Ground's and sft's batches depend on the number of feeds only: every layout here has two."""
+    first, *others = (layout_run(layout.values[0])[1] for layout in LAYOUTS)
+    assert others, "one layout: nothing to compare"
+    for got in others:
+        for stage in FEED_SHARDED:
+            _same_steps(got["metrics"][stage], first["metrics"][stage], stage)

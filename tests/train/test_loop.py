@@ -1,4 +1,4 @@
-"""The Trainer end to end: overfitting 8 examples, metrics and export, kill -9 and resume, the NaN stop.
+"""The Trainer end to end: overfitting 8 examples, metrics and export, kill -9 and SIGTERM then resume, the NaN stop.
 
 The overfitting run (in-process, one device) is also the uninterrupted reference of the kill -9
 test, which runs the same configuration through the absl entry point (`train_smoke` stage: the
@@ -157,41 +157,74 @@ def _logged_steps(run_dir):
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
-@pytest.mark.slow
-def test_kill_minus_9_then_rerun_resumes_with_the_uninterrupted_losses(overfit, tiny_checkpoint, tmp_path):
-    _, reference, _ = overfit
-    run_dir, cache = tmp_path / "killed", tmp_path / "jax_cache"
-    with open(tmp_path / "killed.log", "w") as log:
-        victim = subprocess.Popen(_command(run_dir, tiny_checkpoint), cwd=REPO, env=_env(cache), stdout=log,
+def _signalled_run(run_dir, init, cache, log_path, sig) -> tuple[int, float, str]:
+    """Runs train_smoke in a subprocess and sends it `sig` 3 steps past its first checkpoint (off the checkpoint
+    grid); returns its exit status, the seconds from the signal to its exit, and its log."""
+    with open(log_path, "w") as log:
+        victim = subprocess.Popen(_command(run_dir, init), cwd=REPO, env=_env(cache), stdout=log,
                                   stderr=subprocess.STDOUT)
-        deadline = time.time() + 600
+        deadline, sent = time.time() + 600, None
         while time.time() < deadline and victim.poll() is None:
             done = _finished_checkpoints(run_dir / "train_smoke")
             if done and _logged_steps(run_dir / "train_smoke") >= done[-1] + 3:
-                victim.send_signal(signal.SIGKILL)
+                victim.send_signal(sig)
+                sent = time.monotonic()
                 break
             time.sleep(0.01)
         victim.wait(timeout=60)
-    assert victim.returncode == -signal.SIGKILL, (victim.returncode, (tmp_path / "killed.log").read_text()[-3000:])
-    killed_at = _logged_steps(run_dir / "train_smoke")
-    saved = _finished_checkpoints(run_dir / "train_smoke")
-    assert saved and saved[-1] < killed_at < STEPS, (saved, killed_at)
-    assert not (run_dir / "train_smoke" / "summary.json").exists()
+    assert sent is not None, log_path.read_text()[-3000:]
+    return victim.returncode, time.monotonic() - sent, log_path.read_text()
 
-    rerun = subprocess.run(_command(run_dir, tiny_checkpoint), cwd=REPO, env=_env(cache), capture_output=True,
-                           text=True, timeout=600)
+
+def _rerun_resumes_to_the_reference(run_dir, init, cache, reference, resumed_from: int, lines: int) -> None:
+    """Reruns the same command: it resumes from `resumed_from`, writes `lines` metric lines in all, and every step's
+    loss equals the uninterrupted run's."""
+    rerun = subprocess.run(_command(run_dir, init), cwd=REPO, env=_env(cache), capture_output=True, text=True,
+                           timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    resumed_from = saved[-1]
     assert f"resumed from checkpoint step {resumed_from}" in rerun.stdout + rerun.stderr
     summary = json.loads((run_dir / "train_smoke" / "summary.json").read_text())
     assert summary["resumed_from"] == resumed_from and summary["steps"] == STEPS
-    lines = (run_dir / "train_smoke" / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == STEPS + (killed_at - resumed_from)  # the steps after the checkpoint ran twice
+    assert len((run_dir / "train_smoke" / "metrics.jsonl").read_text().splitlines()) == lines
     want = read_metrics(reference.run_dir / "metrics.jsonl")
     got = read_metrics(run_dir / "train_smoke" / "metrics.jsonl")
     assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
         assert abs(got[step]["loss"] - want[step]["loss"]) <= 1e-6, (step, got[step]["loss"], want[step]["loss"])
+
+
+@pytest.mark.slow
+def test_kill_minus_9_then_rerun_resumes_with_the_uninterrupted_losses(overfit, tiny_checkpoint, tmp_path):
+    _, reference, _ = overfit
+    run_dir, cache = tmp_path / "killed", tmp_path / "jax_cache"
+    status, _, log = _signalled_run(run_dir, tiny_checkpoint, cache, tmp_path / "killed.log", signal.SIGKILL)
+    assert status == -signal.SIGKILL, (status, log[-3000:])
+    killed_at = _logged_steps(run_dir / "train_smoke")
+    saved = _finished_checkpoints(run_dir / "train_smoke")
+    assert saved and saved[-1] < killed_at < STEPS, (saved, killed_at)
+    assert not (run_dir / "train_smoke" / "summary.json").exists()
+    # the steps after the checkpoint run twice
+    _rerun_resumes_to_the_reference(run_dir, tiny_checkpoint, cache, reference, saved[-1],
+                                    STEPS + killed_at - saved[-1])
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_step_it_reached_and_the_rerun_resumes_there(overfit, tiny_checkpoint, tmp_path):
+    """A preempted VM's SIGTERM between checkpoints: the step in flight finishes and is saved, one line says so,
+    status 143 within the 30 s a VM gets; the rerun resumes at that step, runs no step twice, and every loss equals
+    the uninterrupted run's."""
+    _, reference, _ = overfit
+    run_dir, cache = tmp_path / "preempted", tmp_path / "jax_cache"
+    status, took, log = _signalled_run(run_dir, tiny_checkpoint, cache, tmp_path / "preempted.log", signal.SIGTERM)
+    assert status == 143 and took < 30 and "Traceback" not in log, (status, took, log[-3000:])
+    ours = [line for line in log.splitlines() if line.startswith("rmsweb:")]
+    assert len(ours) == 1, ours
+    step = int(ours[0].split("preempted at step ")[1].split()[0])
+    assert ours == [f"rmsweb: preempted at step {step} of train_smoke; checkpoint saved; rerun the same command to "
+                    "resume"]
+    assert _finished_checkpoints(run_dir / "train_smoke")[-1] == step == _logged_steps(run_dir / "train_smoke")
+    assert step % EVERY and step < STEPS, step
+    _rerun_resumes_to_the_reference(run_dir, tiny_checkpoint, cache, reference, step, STEPS)  # no step twice
 
 
 def test_dtypes_and_remat_policy_come_from_the_config(tmp_path, tiny_checkpoint):

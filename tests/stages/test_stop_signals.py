@@ -1,0 +1,109 @@
+"""Ctrl-C and SIGTERM in stages that are not training loops, through `python -m rmsweb_jax.main`: the model stage
+(which once ended a Ctrl-C in a segmentation fault) at two points, and collect, whose rerun after a SIGTERM, or
+after a full disk under a store flush, does only the task groups that were not finished. Each ends with its one
+line and its status (130 after Ctrl-C, 143 after SIGTERM, 2 for a full disk), never a traceback or a crash. (Training: tests/train/test_loop.py, tests/train/test_preemption.py.)"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rmsweb_jax.collect.store import TRAJECTORIES, TrajectoryStore, shard_name
+from rmsweb_jax.web.browser import kill_marked, marked_pids
+from tests.small_filesystem import grow, small_tmpfs
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+def _line(sig: int, stage: str) -> str:
+    if sig == signal.SIGINT:
+        return f"rmsweb: interrupted: stage {stage} stopped by Ctrl-C; rerun the same command to resume"
+    return f"rmsweb: preempted: stage {stage} stopped by SIGTERM; what it completed is saved; rerun the same command to " \
+           "resume"
+
+
+def _started(workdir, stage: str, proc, timeout: float = 240) -> None:
+    stages = workdir / "stages.json"
+    deadline = time.monotonic() + timeout
+    while not (stages.is_file() and f'"{stage}"' in stages.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay_s", (0.0, 2.0), ids=("at-start", "2s-in"))
+@pytest.mark.parametrize("sig", (signal.SIGINT, signal.SIGTERM), ids=("ctrl-c", "sigterm"))
+def test_the_model_stage_stops_with_its_line_and_status(tmp_path, sig, delay_s):
+    proc = subprocess.Popen([sys.executable, "-m", "rmsweb_jax.main", "--config=configs/demo.py",
+                             f"--workdir={tmp_path}", "--config.stages=model"], cwd=REPO, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _started(tmp_path, "model", proc)
+    time.sleep(delay_s)
+    assert not (tmp_path / "model_smoke.json").exists(), "the stage finished before the signal"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == STATUS[sig] and "Traceback" not in err, (proc.returncode, err[-3000:])
+    assert [line for line in err.splitlines() if line.startswith("rmsweb:")] == [_line(sig, "model")], err[-3000:]
+
+
+def _collect(workdir) -> list[str]:
+    return [sys.executable, "-m", "rmsweb_jax.main", "--config=configs/demo.py", f"--workdir={workdir}",
+            "--config.stages=collect", "--config.collect.tasks=click-button,click-link,click-tab,enter-text",
+            "--config.collect.num_seeds=3", "--config.collect.attempts=2", "--config.collect.flush_every_tasks=1",
+            "--config.collect.progress=False"]
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_sigterm_in_collect_keeps_the_finished_groups_and_the_rerun_does_the_rest(tmp_path):
+    proc = subprocess.Popen(_collect(tmp_path), cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    store_dir = tmp_path / "store"
+    deadline = time.monotonic() + 240
+    while not (store_dir / shard_name(TRAJECTORIES, 1)).exists():  # a flush: some groups done, most not
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in err, (proc.returncode, err[-3000:])
+    assert [line for line in err.splitlines() if line.startswith("rmsweb:")] == [_line(signal.SIGTERM, "collect")]
+    marker = err.split("browser pool marker ")[1].split()[0]
+    time.sleep(1.0)
+    left = marked_pids(marker)
+    kill_marked(marker)
+    assert not left, f"the stopped run left its browsers: {left}"
+
+    done = TrajectoryStore(store_dir).finished_task_keys()
+    total = 4 * 3
+    assert 1 <= len(done) < total, len(done)
+    rerun = subprocess.run(_collect(tmp_path), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=400)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    report = json.loads((tmp_path / "collect_report.json").read_text())
+    assert (report["run"]["skipped"], report["run"]["collected"]) == (len(done), total - len(done))
+    assert report["tasks"] == total
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_full_disk_under_a_store_flush_is_one_line_and_the_rerun_collects_the_rest(tmp_path):
+    with small_tmpfs(tmp_path / "small", "400k") as small:  # a flush or two of the demo's records fit
+        workdir = small / "run"
+        full = subprocess.run(_collect(workdir), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=400)
+        assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-3000:]
+        ours = [line for line in full.stderr.splitlines() if line.startswith("rmsweb:")]
+        assert len(ours) == 1 and ours[0].startswith(f"rmsweb: error: the disk under workdir {workdir} is full"), ours
+        assert "No space left on device" in ours[0] and ours[0].endswith("rerun the same command to resume"), ours
+        done = TrajectoryStore(workdir / "store").finished_task_keys()  # opens: the committed flushes read back
+        assert len(done) < 4 * 3
+
+        grow(small, "64m")
+        rerun = subprocess.run(_collect(workdir), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=400)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        report = json.loads((workdir / "collect_report.json").read_text())
+        assert (report["run"]["skipped"], report["run"]["collected"]) == (len(done), 4 * 3 - len(done))
+        assert not list((workdir / "store").glob(".tmp-*")), "the half-written shard is still there"

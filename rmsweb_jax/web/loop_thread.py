@@ -7,6 +7,8 @@ import math
 import threading
 from typing import Any, Awaitable, Coroutine
 
+from rmsweb_jax.preemption import Preempted
+
 POLL_S = 0.2  # blocking waits wake this often, so Ctrl-C reaches the calling thread promptly
 _UNWIND_S = 60.0  # after Ctrl-C, how long run_sync waits for the cancelled coroutine to close its browsers
 
@@ -92,7 +94,7 @@ def run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
     try:  # a Ctrl-C right after start() (the coroutine already running) must cancel it too
         thread.start()
         return wait_future(result, math.inf)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Preempted):  # Ctrl-C, SIGTERM: the coroutine is cancelled and unwinds in its thread
         if not thread.is_alive() and not started.done():
             raise  # interrupted before the thread started: nothing runs
         loop, task = started.result(timeout=_UNWIND_S)

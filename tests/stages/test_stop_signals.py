@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM in stages that are not training loops, through `python -m rmsweb_jax.main`: the model stage
-(which once ended a Ctrl-C in a segmentation fault) at two points, and collect, whose rerun after a SIGTERM, or
-after a full disk under a store flush, does only the task groups that were not finished. Each ends with its one
+(which once ended a Ctrl-C in a segmentation fault) at two points; collect and eval, whose rerun after a SIGTERM
+(or, for collect, after a full disk under a store flush) does only the task groups that were not finished. Each ends with its one
 line and its status (130 after Ctrl-C, 143 after SIGTERM, 2 for a full disk), never a traceback or a crash. (Training: tests/train/test_loop.py, tests/train/test_preemption.py.)"""
 import json
 import os
@@ -86,6 +86,34 @@ def test_sigterm_in_collect_keeps_the_finished_groups_and_the_rerun_does_the_res
     report = json.loads((tmp_path / "collect_report.json").read_text())
     assert (report["run"]["skipped"], report["run"]["collected"]) == (len(done), total - len(done))
     assert report["tasks"] == total
+
+
+def _eval(workdir) -> list[str]:
+    return [sys.executable, "-m", "rmsweb_jax.main", "--config=tests/stages/multiprocess_configs.py:eval_teacher",
+            f"--workdir={workdir}", "--config.collect.tasks=click-button,click-link,click-tab,enter-text",
+            "--config.collect.flush_every_tasks=1"]
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_sigterm_in_eval_keeps_the_played_groups_and_the_rerun_plays_the_rest(tmp_path):
+    proc = subprocess.Popen(_eval(tmp_path), cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 240
+    while not list(tmp_path.glob(f"eval/*/store/{shard_name(TRAJECTORIES, 1)}")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in err, (proc.returncode, err[-3000:])
+    assert [line for line in err.splitlines() if line.startswith("rmsweb:")] == [_line(signal.SIGTERM, "eval")]
+    store = next(tmp_path.glob("eval/*/store"))
+    done = len(TrajectoryStore(store).finished_task_keys())
+    assert 1 <= done < 4 * 3, done
+
+    rerun = subprocess.run(_eval(tmp_path), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=400)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"this run played {4 * 3 - done} task groups, {done} were stored already" in rerun.stdout + rerun.stderr
 
 
 @pytest.mark.slow

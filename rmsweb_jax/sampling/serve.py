@@ -66,6 +66,7 @@ from rmsweb_jax.sampling.top_logprobs import TopLogprobs
 
 DEFAULT_MAX_PENDING = 64  # requests in progress at once (bodies being read, queued, generating)
 SMALLEST_MAX_TOKENS_BUCKET = 16  # below it a program per size saves at most 15 decode steps
+DRAIN_S = 25.0  # on close, how long admitted requests may take to get their replies written (a preempted VM has ~30 s)
 SERVE_DTYPES = ("float32", "bfloat16")
 # The sampling modes --warmup compiles (each is its own program: greedy, temperature, temperature + top_p);
 # top_k and n > 1 compile on first use.
@@ -250,7 +251,9 @@ class ChatServer:
         return self
 
     def close(self) -> None:
-        """Stops serving; requests still waiting get a 503 (idempotent)."""
+        """Stops serving: no new connection is taken, the generation in flight finishes and is answered, requests
+        still waiting get a 503, and it returns once every admitted request has its reply written (at most
+        DRAIN_S after the batcher stopped), so a process that exits next resets no client (idempotent)."""
         httpd, self._httpd = self._httpd, None
         if httpd is None:
             return
@@ -268,6 +271,9 @@ class ChatServer:
                 job.error = RequestError(503, "the server is shutting down", code="server_shutting_down")
                 job.done.set()
         self._jobs.put(None)  # a batcher still generating (past the join timeout) stops when done
+        deadline = time.monotonic() + DRAIN_S
+        while self._in_progress and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def __enter__(self) -> "ChatServer":
         return self.start()

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -194,6 +195,15 @@ def test_stop_strings_cut_the_text(server, model):
                                                    "finish_reason": "stop", "logprobs": None}
 
 
+def _answered(client) -> tuple[str, str]:
+    """Returns ('answered', text) or ('refused <status>', message) for one chat call, ('reset', error) when the
+    connection broke."""
+    try:
+        return "answered", client.complete([{"role": "user", "content": "hi"}], max_tokens=256).text
+    except ChatError as err:
+        return (f"refused {err.status}" if getattr(err, "status", None) else "reset"), str(err)
+
+
 def test_cli_prints_its_url_serves_and_stops_on_sigterm(tmp_path):
     checkpoint = tiny_checkpoint_dir()
     log = open(tmp_path / "serve.log", "w+")
@@ -213,7 +223,17 @@ def test_cli_prints_its_url_serves_and_stops_on_sigterm(tmp_path):
         assert ChatClient(base_url, name, api_key="cli-key").list_models() == [name]
         with pytest.raises(ChatError, match="HTTP 401"):
             ChatClient(base_url, name, api_key="nope").list_models()
+        # A request in flight when SIGTERM comes (its first call compiles for seconds) is answered, not reset.
+        replies = []
+        client = ChatClient(base_url, name, api_key="cli-key", max_retries=0)
+        caller = threading.Thread(target=lambda: replies.append((*_answered(client), time.monotonic())), daemon=True)
+        caller.start()
+        time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        caller.join(timeout=60)
+        assert replies and replies[0][0] in ("answered", "refused 503"), replies
+        assert replies[0][2] > signalled, "the reply came before the signal: nothing was in flight"
         assert proc.wait(timeout=30) == 0
         assert proc.stdout.read().strip() == "server stopped"
     finally:

@@ -93,3 +93,38 @@ def test_the_shipped_configs_pass_the_check_of_the_stages_they_serve(tmp_path, n
     config.stages = tuple(s for s in STAGES if s != "salvage" or name == "demo" or name.endswith("_salvage"))
     check_stages(config, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_disk_warning_counts_each_training_stage_s_checkpoints_and_export():
+    """keep + 1 checkpoints at once (parameters and AdamW's two moments, fp32 each) and one export of the parameters,
+    per training stage; nothing for stages that train nothing."""
+    from rmsweb_jax.plan import disk
+    from rmsweb_jax.plan.planner import architecture
+    from rmsweb_jax.models.qwen3_vl.layers import num_params
+    from rmsweb_jax.models.qwen3_vl import abstract_model
+    from rmsweb_jax.models.from_config import runtime_from_config
+    c = importlib.import_module("configs.qwen3_vl_8b_sft").get_config("v5p")
+    params = num_params(abstract_model(architecture(c)[0], runtime_from_config(c.model)))
+    keep = c.train.checkpoint.keep
+    writes = disk.planned_writes(c, ("collect", "sft", "eval"))
+    want = (keep + 1) * 12 * params + 4 * params
+    assert list(writes) == ["sft"] and 0 <= writes["sft"] - want < 1024, (writes, want)  # + the optimizer's counters
+    assert disk.planned_writes(c, ("collect", "eval")) == {}
+    warning = disk.space_warning(c, "/", ("sft",))
+    free = disk.free_bytes("/")
+    assert (warning is None) == (free >= writes["sft"])
+
+
+def test_a_full_disk_is_found_under_the_errors_that_wrap_it():
+    import errno
+    from rmsweb_jax.errors import disk_full
+    full = OSError(errno.ENOSPC, "No space left on device", "/w/ckpt/4")
+    try:
+        try:
+            raise full
+        except OSError as err:
+            raise RuntimeError("Failed to run 5 Handler Commit operations") from err
+    except RuntimeError as wrapped:
+        assert disk_full(wrapped) is full
+    assert disk_full(ValueError("Error writing local file: No space left on device [OS error: 28]")).startswith("Error")
+    assert disk_full(OSError(errno.EACCES, "Permission denied")) is None and disk_full(RuntimeError("x")) is None

@@ -270,6 +270,7 @@ class Trainer:
         """Saves the final state, waits for pending saves, exports HF weights if configured; returns the result."""
         self.save()
         self.checkpoints.wait()
+        self._end_stepping()  # from here a SIGTERM stops at once: the last step is saved, a rerun exports again
         hf_dir = None
         if self.settings.export_hf:
             hf_dir = self.run_dir / "hf"
@@ -331,14 +332,17 @@ class Trainer:
 
     def close(self) -> None:
         """Waits for pending checkpoint writes and closes the metric sinks (and a trace still recording)."""
-        if getattr(self, "_stepping", False):
-            preemption.training_ended()
-            self._stepping = False
+        self._end_stepping()
         self.profiler.stop(self.step_count)
         self.checkpoints.close()
         self.writer.close()
         if self.wandb is not None:
             self.wandb.close()
+
+    def _end_stepping(self) -> None:
+        if getattr(self, "_stepping", False):
+            preemption.training_ended()
+            self._stepping = False
 
     # ---- scalars ------------------------------------------------------------------------------------------
     def _drain(self, keep: int) -> None:

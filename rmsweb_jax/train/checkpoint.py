@@ -57,7 +57,7 @@ class CheckpointDamaged(Exception):
 
 class _OrbaxInfoFilter(logging.Filter):
     """Drops Orbax's INFO (and below) records from the absl logger, and its writer threads' tracebacks of a full
-    disk (the save or wait that meets it raises DiskFull, which main prints as one line); keeps everything else."""
+    disk (the save or wait that meets it raises OSError ENOSPC, which main prints as one line); keeps the rest."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if f"{os.sep}orbax{os.sep}" not in record.pathname:

@@ -239,8 +239,7 @@ class GroundingExamples:
         return tuple(page[part * k:(part + 1) * k])
 
     def __repr__(self) -> str:
-        return (f"GroundingExamples({len(self)} examples of up to {self.targets_per_row} targets: {len(self.rows)} "
-                f"rows on {self.rows.num_pages} pages of {self.rows.view!r})")
+        return f"GroundingExamples({len(self)} examples of up to {self.targets_per_row} targets: {self.rows!r})"
 
 
 class StepsWithGrounding:

@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: test test-fast demo install chromium bench bench-quick clean
+.PHONY: test test-fast demo base install chromium bench bench-quick clean
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,13 @@ test-fast: install chromium
 
 demo: install chromium
 	$(VPY) -m rmsweb_jax.main --config=configs/demo.py --workdir=$(WORKDIR)
+
+# The base policy's grounding pretraining on synthetic pages (configs/base.py; hours on 2 cores, resumable: rerun
+# to go on). BASE_CONFIG=configs/base.py:pilot is its first look (tens of minutes).
+BASE_CONFIG ?= configs/base.py
+BASE_WORKDIR ?= workdir/base
+base: install
+	$(VPY) -m rmsweb_jax.main --config=$(BASE_CONFIG) --workdir=$(BASE_WORKDIR)
 
 bench-quick: install
 	cd bench && for s in *.py; do case $$s in common.py|gpu_*|env_*) continue;; esac; \

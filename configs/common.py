@@ -5,6 +5,18 @@ from ml_collections.config_dict import placeholder
 from rmsweb_jax.models.sharding import DEFAULT_RULES
 
 
+def train_overrides() -> ml_collections.ConfigDict:
+    """Returns a stage's train block (ground.train, base.train): each field None keeps config.train's value
+    (rmsweb_jax/stages/train_overrides.py), so a stage can train at its own batch, steps and learning rate."""
+    block = ml_collections.ConfigDict()
+    block.batch_size = placeholder(int)
+    block.total_steps = placeholder(int)
+    block.lr = placeholder(float)
+    block.warmup_steps = placeholder(int)
+    block.end_lr_fraction = placeholder(float)
+    return block
+
+
 def base_config() -> ml_collections.ConfigDict:
     """Returns the config every preset starts from; presets override fields."""
     c = ml_collections.ConfigDict()
@@ -232,12 +244,24 @@ def base_config() -> ml_collections.ConfigDict:
                                           # pages (data.held_out_fraction's task groups; 0 = no probe)
     c.ground.probe_batch_size = 16        # prompts per greedy generate call
     c.ground.probe_max_new_tokens = 128
-    c.ground.train = ml_collections.ConfigDict()  # None keeps config.train's value (as salvage.train)
-    c.ground.train.batch_size = placeholder(int)
-    c.ground.train.total_steps = placeholder(int)
-    c.ground.train.lr = placeholder(float)
-    c.ground.train.warmup_steps = placeholder(int)
-    c.ground.train.end_lr_fraction = placeholder(float)
+    c.ground.train = train_overrides()
+
+    # Stage "base": the base policy's grounding pretraining on synthetic pages (rmsweb_jax/stages/base.py, pages from
+    # rmsweb_jax/data/synthetic_pages.py): no store, no browser. Trains config.model.init with config.train,
+    # base.train's values over it; probes greedy grounding on pages of another seed during and after training.
+    c.base = ml_collections.ConfigDict()
+    c.base.pages = 50_000                 # synthetic training pages (seed base.seed; a page is ~13 rows)
+    c.base.seed = 1_000_000               # >= 1,000,000: far from every seed a MiniWoB++ task of the demo plays
+    c.base.held_out_seed = 2_000_000      # the probe's pages: no training page
+    c.base.min_elements = 4               # elements per page, drawn uniformly between the two
+    c.base.max_elements = 24
+    c.base.kinds = "click,type"
+    c.base.targets_per_row = 6            # targets of one page in one training row (as config.ground's)
+    c.base.probe_rows = 96                # greedy grounding rows of held-out pages per probe (0 = no probe)
+    c.base.probe_every = 0                # probe every this many steps as well (0 = after training only)
+    c.base.probe_batch_size = 16
+    c.base.probe_max_new_tokens = 64
+    c.base.train = train_overrides()
 
     # Stage "sft"'s starting point.
     c.sft = ml_collections.ConfigDict()

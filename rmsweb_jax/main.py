@@ -354,6 +354,7 @@ def _nearest(config, walked: str, node, part: str) -> str:
     if close:
         return f"did you mean {walked}.{close[0]}?"
     elsewhere = [path for path in _leaf_paths(config, "config") if path.rsplit(".", 1)[-1] == part]
+    elsewhere.sort(key=lambda path: not path.startswith(f"{walked}."))  # inside the block given first
     if elsewhere:
         return f"a field of that name is at {' or '.join(elsewhere[:3])}"
     return f"its fields: {', '.join(sorted(node.keys()))}"

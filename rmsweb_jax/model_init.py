@@ -29,7 +29,12 @@ from rmsweb_jax.processing.tiny_tokenizer import build_tiny_tokenizer
 RANDOM_PRESETS = {"tiny": (tiny, build_tiny_tokenizer), "demo": (demo, build_agent_bpe_tokenizer),
                   "demo_bytes": (functools.partial(demo, vocab_size=272), build_byte_tokenizer),
                   "demo_coords": (functools.partial(demo, vocab_size=1792),
-                                  functools.partial(build_agent_bpe_tokenizer, coordinate_tokens=True))}
+                                  functools.partial(build_agent_bpe_tokenizer, coordinate_tokens=True)),
+                  # The base policy's shape (configs/base.py): head dim 64 leaves 32 rotary pairs per head to match a
+                  # name across a 500-token element list; one token per coordinate value, so a point is copied whole.
+                  "base": (functools.partial(demo, vocab_size=1792, hidden_size=192, num_hidden_layers=4,
+                                             num_attention_heads=3, num_key_value_heads=3, head_dim=64),
+                           functools.partial(build_agent_bpe_tokenizer, coordinate_tokens=True))}
 
 
 def load_model(config, workdir: pathlib.Path, *, devices=None) -> tuple[qwen3_vl.Qwen3VL, pathlib.Path]:

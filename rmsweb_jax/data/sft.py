@@ -263,7 +263,8 @@ class SFTBatches:
                              "with mask=config.data.mask")
         self.cfg, self.rows = cfg, rows
         image_config = encoder.image_config
-        check_provenance(view.store_dir, provenance(encoder.builder.config, encoder.tokenizer, image_config))  # warns
+        if view.store_dir is not None:  # synthetic pages (data/synthetic_pages.py) come from no store
+            check_provenance(view.store_dir, provenance(encoder.builder.config, encoder.tokenizer, image_config))
         examples = example_dataset(view, indices, encoder, seed=cfg.seed, feed_index=feed_index,
                                    feed_count=feed_count, epochs=epochs)
         self.examples_per_epoch = len(indices) // feed_count  # this feed's

@@ -29,6 +29,7 @@ import numpy as np
 
 from rmsweb_jax.agents.prompt import PromptConfig
 from rmsweb_jax.data.grounding import TEXT_INPUT_ROLES, GroundingRow, element_description, page_rows
+from rmsweb_jax.errors import UserError
 from rmsweb_jax.web.elements import BBox, Element
 from rmsweb_jax.web.observation import Observation
 
@@ -145,7 +146,7 @@ class SyntheticGroundingRows:
 
     def __init__(self, pages: SyntheticPages, config: PromptConfig, kinds: Sequence[str]):
         if config.max_element_name < MAX_NAME:
-            raise ValueError(f"config.prompt.max_element_name = {config.max_element_name}: synthetic pages need "
+            raise UserError(f"config.prompt.max_element_name = {config.max_element_name}: synthetic pages need "
                              f">= {MAX_NAME} (their names are printed whole)")
         self.pages, self.config, self.kinds = pages, config, tuple(kinds)
         self.store_dir = None  # no store: nothing to check the prompt's provenance against

@@ -87,9 +87,12 @@ def summarize(records: Sequence[dict]) -> dict:
 def grounding_accuracy(chat_model, builder, rows: Sequence[GroundingRow], *, max_new_tokens: int,
                        batch_size: int) -> dict:
     """Returns the model's greedy accuracy on grounding rows (its turn for the row's prompt does the row's action on
-    the row's page, `same_action`): rows, correct, accuracy, parse_rate, by_task {task: [correct, rows]}."""
+    the row's page, `same_action`: inside the element's box): rows, correct, accuracy, parse_rate; exact (the
+    row's action itself: the printed centre, the instructed word) and exact_rate; typed_rows and typed_exact (type
+    rows whose text is the instructed word); by_task {task: [correct, rows]}."""
     params = SamplingParams(max_new_tokens=int(max_new_tokens), temperature=0.0)
-    correct, parsed, by_task = 0, 0, collections.defaultdict(lambda: [0, 0])
+    correct, parsed, exact, typed, typed_exact = 0, 0, 0, 0, 0
+    by_task = collections.defaultdict(lambda: [0, 0])
     for lo in range(0, len(rows), batch_size):
         chunk = rows[lo:lo + batch_size]
         completions = chat_model.complete([builder.messages(r.context()) for r in chunk], params)
@@ -97,8 +100,14 @@ def grounding_accuracy(chat_model, builder, rows: Sequence[GroundingRow], *, max
             output = PolicyOutput.from_text(completion.text, row.observation)
             hit = score_action(output, row.action, row.observation)[0]
             correct, parsed = correct + hit, parsed + (output.action is not None)
+            exact += output.action == row.action
+            if row.action.name == "type":
+                typed += 1
+                typed_exact += output.action is not None and output.action.text == row.action.text
             by_task[row.task_id][0] += hit
             by_task[row.task_id][1] += 1
     n = len(rows)
     return {"rows": n, "correct": correct, "accuracy": correct / n if n else 0.0,
-            "parse_rate": parsed / n if n else 0.0, "by_task": {k: v for k, v in sorted(by_task.items())}}
+            "parse_rate": parsed / n if n else 0.0, "exact": exact, "exact_rate": exact / n if n else 0.0,
+            "typed_rows": typed, "typed_exact": typed_exact,
+            "by_task": {k: v for k, v in sorted(by_task.items())}}

@@ -11,7 +11,7 @@ import shutil
 
 from rmsweb_jax import storage
 
-TRAINING_STAGES = ("train_smoke", "ground", "sft", "salvage")
+TRAINING_STAGES = ("train_smoke", "base", "ground", "sft", "salvage")
 
 
 def checkpoint_bytes(config) -> tuple[int, int]:

@@ -18,8 +18,8 @@ from rmsweb_jax.errors import UserError
 
 # Stage name -> the module of rmsweb_jax.stages whose run(config, workdir) runs it, imported when needed
 # (so that --help and a misspelt stage name answer at once).
-STAGES = {"model": "model_smoke", "collect": "collect", "train_smoke": "train_smoke", "ground": "ground",
-          "sft": "sft", "action_accuracy": "action_accuracy", "mine": "mine",
+STAGES = {"model": "model_smoke", "collect": "collect", "train_smoke": "train_smoke", "base": "base",
+          "ground": "ground", "sft": "sft", "action_accuracy": "action_accuracy", "mine": "mine",
           "salvage": "salvage", "eval": "eval", "transfer": "transfer", "table": "table"}
 STAGES_FILE = "stages.json"  # per run: each stage's decision, reason and wall time
 

@@ -197,8 +197,9 @@ class Trainer:
         logging.info("restored step %d from %s", restored.step, self.checkpoints.directory)
 
     # ---- the loop -----------------------------------------------------------------------------------------
-    def fit(self, batches) -> TrainResult:
-        """Steps through `batches` until config.train.optimizer.total_steps, then finishes; returns the result."""
+    def fit(self, batches, after_step=None) -> TrainResult:
+        """Steps through `batches` until config.train.optimizer.total_steps, then finishes; returns the result.
+        `after_step(step)`, when given, runs after every step (a probe of the model between steps)."""
         iterator = _resume_iterator(batches, self.data_state)
         try:
             while self.step_count < self.settings.total_steps:
@@ -208,6 +209,8 @@ class Trainer:
                     raise ValueError(f"the batch source ran out after step {self.step_count} of "
                                      f"{self.settings.total_steps}: it must yield a batch per step") from None
                 self.step(host, iterator.get_state() if hasattr(iterator, "get_state") else None)
+                if after_step is not None:
+                    after_step(self.step_count)
             return self.finish()
         finally:
             self.close()

@@ -1,7 +1,8 @@
 """Ctrl-C and SIGTERM in stages that are not training loops, through `python -m rmsweb_jax.main`: the model stage
 (which once ended a Ctrl-C in a segmentation fault) at two points; collect and eval, whose rerun after a SIGTERM
-(or, for collect, after a full disk under a store flush) does only the task groups that were not finished. Each ends with its one
-line and its status (130 after Ctrl-C, 143 after SIGTERM, 2 for a full disk), never a traceback or a crash. (Training: tests/train/test_loop.py, tests/train/test_preemption.py.)"""
+(or, for collect, after a full disk under a store flush) does only the task groups that were not finished. Each
+ends with its one line and its status (130 after Ctrl-C, 143 after SIGTERM, 2 for a full disk), never a traceback
+or a crash. (Training: tests/train/test_loop.py, tests/train/test_preemption.py.)"""
 import json
 import os
 import signal
@@ -23,8 +24,8 @@ STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 def _line(sig: int, stage: str) -> str:
     if sig == signal.SIGINT:
         return f"rmsweb: interrupted: stage {stage} stopped by Ctrl-C; rerun the same command to resume"
-    return f"rmsweb: preempted: stage {stage} stopped by SIGTERM; what it completed is saved; rerun the same command to " \
-           "resume"
+    return (f"rmsweb: preempted: stage {stage} stopped by SIGTERM; what it completed is saved; rerun the same "
+            "command to resume")
 
 
 def _started(workdir, stage: str, proc, timeout: float = 240) -> None:
@@ -51,6 +52,21 @@ def test_the_model_stage_stops_with_its_line_and_status(tmp_path, sig, delay_s):
     assert [line for line in err.splitlines() if line.startswith("rmsweb:")] == [_line(sig, "model")], err[-3000:]
 
 
+def _sigterm_after_a_flush(command: list[str], flushed, stage: str) -> str:
+    """Runs `command`, sends SIGTERM once `flushed()` (a store flush committed: some task groups done, most not);
+    returns the run's stderr, having checked its status and its one line."""
+    proc = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not flushed():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in err, (proc.returncode, err[-3000:])
+    assert [line for line in err.splitlines() if line.startswith("rmsweb:")] == [_line(signal.SIGTERM, stage)]
+    return err
+
+
 def _collect(workdir) -> list[str]:
     return [sys.executable, "-m", "rmsweb_jax.main", "--config=configs/demo.py", f"--workdir={workdir}",
             "--config.stages=collect", "--config.collect.tasks=click-button,click-link,click-tab,enter-text",
@@ -61,17 +77,8 @@ def _collect(workdir) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.browser
 def test_sigterm_in_collect_keeps_the_finished_groups_and_the_rerun_does_the_rest(tmp_path):
-    proc = subprocess.Popen(_collect(tmp_path), cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
     store_dir = tmp_path / "store"
-    deadline = time.monotonic() + 240
-    while not (store_dir / shard_name(TRAJECTORIES, 1)).exists():  # a flush: some groups done, most not
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143 and "Traceback" not in err, (proc.returncode, err[-3000:])
-    assert [line for line in err.splitlines() if line.startswith("rmsweb:")] == [_line(signal.SIGTERM, "collect")]
+    err = _sigterm_after_a_flush(_collect(tmp_path), (store_dir / shard_name(TRAJECTORIES, 1)).exists, "collect")
     marker = err.split("browser pool marker ")[1].split()[0]
     time.sleep(1.0)
     left = marked_pids(marker)
@@ -97,16 +104,8 @@ def _eval(workdir) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.browser
 def test_sigterm_in_eval_keeps_the_played_groups_and_the_rerun_plays_the_rest(tmp_path):
-    proc = subprocess.Popen(_eval(tmp_path), cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.monotonic() + 240
-    while not list(tmp_path.glob(f"eval/*/store/{shard_name(TRAJECTORIES, 1)}")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143 and "Traceback" not in err, (proc.returncode, err[-3000:])
-    assert [line for line in err.splitlines() if line.startswith("rmsweb:")] == [_line(signal.SIGTERM, "eval")]
+    _sigterm_after_a_flush(_eval(tmp_path), lambda: any(tmp_path.glob(f"eval/*/store/{shard_name(TRAJECTORIES, 1)}")),
+                           "eval")
     store = next(tmp_path.glob("eval/*/store"))
     done = len(TrajectoryStore(store).finished_task_keys())
     assert 1 <= done < 4 * 3, done

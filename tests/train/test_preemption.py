@@ -76,10 +76,10 @@ def test_a_full_disk_under_a_checkpoint_is_one_line_and_the_run_resumes_once_the
         ours = [line for line in err.splitlines() if line.startswith("rmsweb:")]
         assert len(ours) == 2 and len(err.splitlines()) < 40, err[-3000:]
         warning = ours.pop(0)  # before the first stage: the plan's checkpoints and export do not fit
-        assert re.fullmatch(rf"rmsweb: warning: workdir {small / 'run'} has [\d.]+ GiB free, and this run's checkpoints "
-                            r"and exports may take [\d.]+ GiB \(train_smoke [\d.]+ GiB; config.train.checkpoint.keep = 3\)"
-                            r": a full disk stops the run, and the same command resumes it once there is space",
-                            warning), warning
+        assert re.fullmatch(rf"rmsweb: warning: workdir {small / 'run'} has [\d.]+ GiB free, and this run's "
+                            r"checkpoints and exports may take [\d.]+ GiB \(train_smoke [\d.]+ GiB; "
+                            r"config.train.checkpoint.keep = 3\): a full disk stops the run, and the same command "
+                            r"resumes it once there is space", warning), warning
         assert re.fullmatch(rf"rmsweb: error: the disk under workdir {small / 'run'} is full \([\d.,]+ MiB free there "
                             r"now\): No space left on device writing (checkpoint \d+|a checkpoint) in .*/checkpoints "
                             r"\(a checkpoint here takes [\d.]+ MiB\); what was saved before is intact: free space and "

@@ -278,7 +278,8 @@ def tiny(*, vocab_size: int = 512, tie_word_embeddings: bool = False, head_dim: 
 
 # The demo's shape, chosen by train-step tokens/s on the 2-core CPU (README's demo section): hidden 64,
 # 4 layers, 4 query / 2 KV heads of 16; a one-block vision tower (the demo's prompts are text).
-DEMO_SHAPE = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+DEMO_SHAPE = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  rope_theta=10000.0)
 
 
 def demo(*, vocab_size: int = 768, image_token_id: int = 751, video_token_id: int = 752,
@@ -296,7 +297,8 @@ def demo(*, vocab_size: int = 768, image_token_id: int = 751, video_token_id: in
         text=TextConfig(vocab_size=vocab_size, hidden_size=d, intermediate_size=3 * d,
                         num_hidden_layers=s["num_hidden_layers"], num_attention_heads=s["num_attention_heads"],
                         num_key_value_heads=s["num_key_value_heads"], head_dim=head_dim,
-                        mrope_section=_mrope_section(head_dim), rope_theta=10000.0, max_position_embeddings=8192),
+                        mrope_section=_mrope_section(head_dim), rope_theta=float(s["rope_theta"]),
+                        max_position_embeddings=8192),
         vision=VisionConfig(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=d,
                             num_position_embeddings=64, deepstack_visual_indexes=(0,)),
         image_token_id=image_token_id, video_token_id=video_token_id,

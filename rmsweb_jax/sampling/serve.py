@@ -553,16 +553,17 @@ def main(argv) -> None:
         sys.exit(2)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # `kill` stops it as cleanly as Ctrl-C
-    with server:
-        print(f"serving {model.name} at {server.base_url} (model id {model.name!r}, {config.model.param_dtype}, "
-              f"mesh {tuple(config.mesh.shape)}, max_tokens buckets {server.max_tokens_buckets})", flush=True)
-        try:
-            while not stop.wait(1.0):
+    try:
+        with server:  # its close answers the generation in flight and refuses the queue before the model goes
+            print(f"serving {model.name} at {server.base_url} (model id {model.name!r}, {config.model.param_dtype}, "
+                  f"mesh {tuple(config.mesh.shape)}, max_tokens buckets {server.max_tokens_buckets})", flush=True)
+            try:
+                while not stop.wait(1.0):
+                    pass
+            except KeyboardInterrupt:
                 pass
-        except KeyboardInterrupt:
-            pass
-        finally:
-            model.close()
+    finally:
+        model.close()
     print("server stopped", flush=True)
 
 

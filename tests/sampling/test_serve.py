@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -228,7 +229,11 @@ def test_cli_prints_its_url_serves_and_stops_on_sigterm(tmp_path):
         client = ChatClient(base_url, name, api_key="cli-key", max_retries=0)
         caller = threading.Thread(target=lambda: replies.append((*_answered(client), time.monotonic())), daemon=True)
         caller.start()
-        time.sleep(0.5)
+        metrics = base_url.removesuffix("/v1") + "/metrics"
+        deadline = time.monotonic() + 60
+        while "rmsweb_serve_requests_in_progress 1.0" not in urllib.request.urlopen(metrics).read().decode():
+            assert time.monotonic() < deadline and not replies, replies  # admitted, not yet answered
+            time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         caller.join(timeout=60)

@@ -72,7 +72,7 @@ def _one_line_error(proc) -> str:
 
 @pytest.mark.parametrize("args, message", [
     (["--config.stages=collect,sft_typo"], r"config.stages = \('collect,sft_typo',\) names unknown stage\(s\) "
-                                           r"\['sft_typo'\]; known stages: \['action_accuracy', 'collect', "),
+                                           r"\['sft_typo'\]; known stages: \['action_accuracy', 'base', 'collect', "),
     (["--config.stages=('collect','sft_typo')"], r"unknown stage\(s\) \['sft_typo'\]"),
     (["--config.modle.init=random:tiny"], r"--config.modle.init=random:tiny: config has no field 'modle'; "
                                           r"did you mean config.model\?"),

@@ -67,11 +67,14 @@ def _sigterm_after_a_flush(command: list[str], flushed, stage: str) -> str:
     return err
 
 
+TASKS = "click-button,click-link,click-tab,enter-text"
+SEEDS = 8  # 32 task groups: the run is far from done at its first flush, when the signal comes
+
+
 def _collect(workdir) -> list[str]:
     return [sys.executable, "-m", "rmsweb_jax.main", "--config=configs/demo.py", f"--workdir={workdir}",
-            "--config.stages=collect", "--config.collect.tasks=click-button,click-link,click-tab,enter-text",
-            "--config.collect.num_seeds=3", "--config.collect.attempts=2", "--config.collect.flush_every_tasks=1",
-            "--config.collect.progress=False"]
+            "--config.stages=collect", f"--config.collect.tasks={TASKS}", f"--config.collect.num_seeds={SEEDS}",
+            "--config.collect.attempts=2", "--config.collect.flush_every_tasks=1", "--config.collect.progress=False"]
 
 
 @pytest.mark.slow
@@ -86,7 +89,7 @@ def test_sigterm_in_collect_keeps_the_finished_groups_and_the_rerun_does_the_res
     assert not left, f"the stopped run left its browsers: {left}"
 
     done = TrajectoryStore(store_dir).finished_task_keys()
-    total = 4 * 3
+    total = 4 * SEEDS
     assert 1 <= len(done) < total, len(done)
     rerun = subprocess.run(_collect(tmp_path), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=400)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -97,7 +100,7 @@ def test_sigterm_in_collect_keeps_the_finished_groups_and_the_rerun_does_the_res
 
 def _eval(workdir) -> list[str]:
     return [sys.executable, "-m", "rmsweb_jax.main", "--config=tests/stages/multiprocess_configs.py:eval_teacher",
-            f"--workdir={workdir}", "--config.collect.tasks=click-button,click-link,click-tab,enter-text",
+            f"--workdir={workdir}", f"--config.collect.tasks={TASKS}", f"--config.eval.num_seeds={SEEDS}",
             "--config.collect.flush_every_tasks=1"]
 
 
@@ -108,11 +111,12 @@ def test_sigterm_in_eval_keeps_the_played_groups_and_the_rerun_plays_the_rest(tm
                            "eval")
     store = next(tmp_path.glob("eval/*/store"))
     done = len(TrajectoryStore(store).finished_task_keys())
-    assert 1 <= done < 4 * 3, done
+    assert 1 <= done < 4 * SEEDS, done
 
     rerun = subprocess.run(_eval(tmp_path), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=400)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"this run played {4 * 3 - done} task groups, {done} were stored already" in rerun.stdout + rerun.stderr
+    assert f"this run played {4 * SEEDS - done} task groups, {done} were stored already" in rerun.stdout + \
+        rerun.stderr
 
 
 @pytest.mark.slow
@@ -126,11 +130,11 @@ def test_a_full_disk_under_a_store_flush_is_one_line_and_the_rerun_collects_the_
         assert len(ours) == 1 and ours[0].startswith(f"rmsweb: error: the disk under workdir {workdir} is full"), ours
         assert "No space left on device" in ours[0] and ours[0].endswith("rerun the same command to resume"), ours
         done = TrajectoryStore(workdir / "store").finished_task_keys()  # opens: the committed flushes read back
-        assert len(done) < 4 * 3
+        assert len(done) < 4 * SEEDS
 
         grow(small, "64m")
         rerun = subprocess.run(_collect(workdir), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=400)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         report = json.loads((workdir / "collect_report.json").read_text())
-        assert (report["run"]["skipped"], report["run"]["collected"]) == (len(done), 4 * 3 - len(done))
+        assert (report["run"]["skipped"], report["run"]["collected"]) == (len(done), 4 * SEEDS - len(done))
         assert not list((workdir / "store").glob(".tmp-*")), "the half-written shard is still there"

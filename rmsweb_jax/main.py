@@ -107,6 +107,7 @@ def main(argv) -> None:
                 print(f"rmsweb: warning: {warning}", file=sys.stderr, flush=True)
         with workdir_locked(_CONFIG.value, _WORKDIR.value) as lock, stop.handling(lock):
             run_stages(_CONFIG.value, _WORKDIR.value)
+            stop.raise_if_signalled()  # the signal's exception was lost (see Stop); the run still ends as signalled
     except UserError as err:
         if _traceback_wanted():
             raise
@@ -133,7 +134,8 @@ class Stop:
     that is stepping (it saves that step, then raises Preempted) and otherwise raises Preempted at once. A
     KeyboardInterrupt raised inside a garbage-collection callback (JAX registers one) is printed and dropped: the run
     would go on. So each signal also starts a watchdog that ends the process when it has not stopped within the
-    grace (STOP_GRACE_S after Ctrl-C, preemption.GRACE_S after SIGTERM); a second signal ends it at once. Ending it
+    grace (STOP_GRACE_S after Ctrl-C, preemption.GRACE_S after SIGTERM), the pipeline raises Preempted before the
+    next stage, and a run that finishes anyway ends as signalled; a second signal ends it at once. Ending it
     abruptly is safe: a stage's outputs count only once its manifest is written, and checkpoints are written
     atomically (a kill -9 resumes the same way). The exit itself skips the interpreter's teardown (os._exit), which
     crashed while native threads of the model stage were still working.
@@ -145,6 +147,7 @@ class Stop:
         self.workdir, self.lock = workdir, None
         self._said = threading.Lock()
         self._signalled = threading.Event()
+        self._term, self._stage = False, ""
         self._deadline: float | None = None
 
     @contextlib.contextmanager
@@ -166,6 +169,7 @@ class Stop:
         if self._signalled.is_set():
             self._end(self._message(term, late=True), preemption.PREEMPTED if term else INTERRUPTED)
         self._signalled.set()
+        self._term, self._stage = term, _interrupted_stage(self.workdir)  # what the line names, whatever follows
         grace = preemption.GRACE_S if term else STOP_GRACE_S
         self._deadline = time.monotonic() + grace
         threading.Thread(target=self._end_after_grace, args=(term, grace), name="rmsweb-stop", daemon=True).start()
@@ -175,8 +179,13 @@ class Stop:
         if not preemption.defers():
             raise preemption.Preempted(self._message(term=True))
 
+    def raise_if_signalled(self) -> None:
+        """Raises the first signal's exception (Preempted or KeyboardInterrupt) if a signal came."""
+        if self._signalled.is_set():
+            raise preemption.Preempted(self._message(term=True)) if self._term else KeyboardInterrupt
+
     def _message(self, term: bool, late: bool = False) -> str:
-        stage = _interrupted_stage(self.workdir)
+        stage = self._stage or _interrupted_stage(self.workdir)
         if not term:
             return f"interrupted: {stage} stopped by Ctrl-C; rerun the same command to resume"
         if late:

@@ -13,7 +13,7 @@ import time
 
 from absl import logging
 
-from rmsweb_jax import storage
+from rmsweb_jax import preemption, storage
 from rmsweb_jax.errors import UserError
 
 # Stage name -> the module of rmsweb_jax.stages whose run(config, workdir) runs it, imported when needed
@@ -73,6 +73,8 @@ def run_pipeline(config, workdir: str | pathlib.Path, *, prefix: str = "") -> li
         storage.write_text_atomic(workdir / "config.json", config.to_json_best_effort(indent=2))
     record = []
     for name in stages:
+        if preemption.noticed():  # a SIGTERM whose Preempted was lost (main.Stop) stops the run here
+            raise preemption.Preempted()
         decl = manifest.Declaration.of(name, stage_module(name))
         decision = _agreed(manifest.decide(decl, config, workdir, forced=name in forced))
         print(f"[{prefix}{name}] {'running' if decision.run else 'skipped'}: {decision.reason}", flush=True)

@@ -340,6 +340,7 @@ def test_each_stage_tells_the_fields_that_cannot_change_results_from_the_others(
     trainer, browser = set(manifest.TRAINER_CADENCE), set(manifest.COLLECT_RUNTIME)
     assert {n: set(d.non_result) for n, d in declared.items()} == {
         "model": set(), "action_accuracy": set(), "transfer": set(), "train_smoke": trainer, "ground": trainer,
+        "base": trainer | {"base.probe_every"},
         "sft": trainer, "salvage": trainer,
         "collect": browser, "mine": browser, "eval": browser | {"eval.viewer"},
         "table": trainer | browser | {"eval.viewer"}}

@@ -52,6 +52,56 @@ def test_the_model_stage_stops_with_its_line_and_status(tmp_path, sig, delay_s):
     assert [line for line in err.splitlines() if line.startswith("rmsweb:")] == [_line(sig, "model")], err[-3000:]
 
 
+LOST_SIGNAL = """
+import gc, json, os, pathlib, signal, sys, time
+import ml_collections
+from rmsweb_jax import main, preemption
+from rmsweb_jax.stages.pipeline import STAGES_FILE, run_pipeline
+workdir = pathlib.Path(sys.argv[2])
+(workdir / STAGES_FILE).write_text(json.dumps([{"stage": "model", "ran": True, "seconds": 0.0}]))
+sig = getattr(signal, sys.argv[1])
+stop = main.Stop(str(workdir))
+with stop.handling(None):
+    def in_gc(phase, info):  # the signal lands in a garbage-collection callback, which drops what its handler raises
+        if phase == "start" and not sent:
+            sent.append(1)
+            os.kill(os.getpid(), sig)
+            time.sleep(0.2)
+    sent = []
+    gc.callbacks.append(in_gc)
+    gc.collect()
+    gc.callbacks.remove(in_gc)
+    print("went on", flush=True)
+    if sig == signal.SIGTERM:
+        config = ml_collections.ConfigDict({"stages": ("model",), "rerun": ()})
+        try:
+            run_pipeline(config, workdir / "next")
+        except preemption.Preempted:
+            print("no stage started", (workdir / "next" / STAGES_FILE).exists(), flush=True)
+    try:
+        stop.raise_if_signalled()
+    except (KeyboardInterrupt, preemption.Preempted) as err:
+        print("raised", type(err).__name__, err, flush=True)
+    os._exit(0)  # before the watchdog (STOP_GRACE_S, preemption.GRACE_S) ends the process
+"""
+
+
+@pytest.mark.parametrize("sig", (signal.SIGINT, signal.SIGTERM), ids=("ctrl-c", "sigterm"))
+def test_a_signal_whose_exception_was_lost_still_stops_the_run(tmp_path, sig):
+    """Python drops an exception raised in a garbage-collection callback (JAX registers one), so a signal's
+    KeyboardInterrupt or Preempted can vanish and the stage goes on: the pipeline starts no further stage after a
+    SIGTERM, and the end of the run raises the first signal's exception again."""
+    proc = subprocess.run([sys.executable, "-c", LOST_SIGNAL, sig.name, str(tmp_path)], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert "Exception ignored" in proc.stderr and proc.stdout.startswith("went on"), proc.stderr[-3000:]
+    raised = proc.stdout.splitlines()[-1]
+    if sig == signal.SIGTERM:
+        assert "no stage started False" in proc.stdout, proc.stdout
+        assert raised == "raised Preempted " + _line(sig, "model")[len("rmsweb: "):], proc.stdout
+    else:
+        assert raised == "raised KeyboardInterrupt ", proc.stdout
+
+
 def _sigterm_after_a_flush(command: list[str], flushed, stage: str) -> str:
     """Runs `command`, sends SIGTERM once `flushed()` (a store flush committed: some task groups done, most not);
     returns the run's stderr, having checked its status and its one line."""

@@ -171,14 +171,16 @@ def test_pool_closes_its_browsers_when_the_policy_raises(page_task):
 def test_pool_closes_its_browsers_on_ctrl_c(tmp_path):
     script = tmp_path / "run_pool.py"
     script.write_text(textwrap.dedent("""
-        import sys, time
+        import sys, threading, time
         from rmsweb_jax.suites.miniwob import MiniWoBSuite, load_miniwob_tasks
         from rmsweb_jax.web.actions import Action
         from rmsweb_jax.web.episode import EpisodeRequest
         from rmsweb_jax.web.sync_pool import WorkerPool
         tasks = {t.id: t for t in load_miniwob_tasks()}
+        printing = threading.Lock()  # two workers step at once: a print's text and its newline are two writes
         def policy(history):
-            print("stepping", flush=True)  # the test interrupts once the episodes are under way
+            with printing:
+                print("stepping", flush=True)  # the test interrupts once the episodes are under way
             time.sleep(0.05)
             return Action("wait", seconds=0.05)
         with MiniWoBSuite() as suite, WorkerPool(suite, workers=2) as pool:

@@ -95,6 +95,21 @@ def vertex_machine_type(name: str, topology: str) -> str | None:
     return acc.vertex_machines[count]
 
 
+def vertex_scheduling(spot: bool, restarts: bool) -> dict[str, object]:
+    """Returns the scheduling arguments of Vertex AI's CustomJob.submit for a job on spot VMs or not, restarted or
+    not when Vertex restarts a worker (a preempted spot VM, a maintenance event). A restarted job reruns the same
+    command, which resumes from its workdir (the checkpoint SIGTERM saved). The strategy is the enum's name."""
+    return {"restart_job_on_worker_restart": restarts, "scheduling_strategy": "SPOT" if spot else None}
+
+
+def describe_scheduling(scheduling: dict[str, object]) -> str:
+    """Returns vertex_scheduling's arguments in words, for the dry run."""
+    vms = "spot VMs" if scheduling["scheduling_strategy"] == "SPOT" else "on-demand VMs"
+    if scheduling["restart_job_on_worker_restart"]:
+        return f"{vms}; a restarted worker (preemption) restarts the job, which resumes from its workdir"
+    return f"{vms}; a restarted worker (preemption) ends the job (--norestart_on_preemption)"
+
+
 def chip_count(topology: str) -> int:
     """Returns the number of chips (or GPUs) in a topology string such as '4x4' or '8'."""
     count = 1

@@ -21,6 +21,10 @@ with the counts that exist. TPU requests (--accelerator=tpu_v5e --topology=4x4, 
 become xm.JobRequirements that any xm scheduler understands; xm_local's Vertex backend, though, only
 knows TPU v2/v3, so this launcher stops with an error for newer TPUs there: use launch/gcloud_tpu.sh.
 
+Preemption (--backend=vertex): --spot asks for spot VMs; by default (--restart_on_preemption) Vertex restarts the
+job when it restarts a worker, and the same command resumes from the workdir's last checkpoint (a SIGTERM saves
+the step it reached). Vertex decides how often it restarts; launch/gcloud_tpu.sh --retries=N counts its own.
+
 Before anything is built, the config file is loaded as rmsweb_jax.main loads it and every --override is
 parsed against it (ml_collections config_flags): an unknown key is refused with the nearest known keys,
 a value of the wrong type with the type the key holds. `--dry_run` prints the job (and on Vertex the
@@ -60,6 +64,9 @@ _BASE_IMAGE = flags.DEFINE_string("base_image", xm_job.BASE_IMAGE, "Docker base 
 _CONSTRAINTS = flags.DEFINE_bool("constraints", True, "Install with -c constraints.txt (the versions CI passed with).")
 _CHROMIUM = flags.DEFINE_bool("with_chromium", True, "Install Debian's chromium (the web stages need it).")
 _TITLE = flags.DEFINE_string("experiment_title", None, "Experiment title (default: config and workdir).")
+_SPOT = flags.DEFINE_bool("spot", False, "vertex: run on spot VMs (Vertex's SPOT scheduling strategy).")
+_RESTART = flags.DEFINE_bool("restart_on_preemption", True, "vertex: restart the job when Vertex restarts a worker "
+                             "(a preempted VM); the same command resumes from the workdir.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the job and the Dockerfile steps; build and launch nothing.")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -96,6 +103,9 @@ def main(argv) -> None:
         _check_vertex_supports(requirements)
         if machine_type:
             _pin_vertex_machine_type(machine_type)
+        _pin_vertex_scheduling(xm_job.vertex_scheduling(_SPOT.value, _RESTART.value))
+    elif _SPOT.value:
+        raise app.UsageError("--spot is for --backend=vertex (the local backend runs on this machine)")
 
     with tempfile.TemporaryDirectory(prefix="rmsweb_xm_") as staging:
         source = xm_job.stage_source(REPO_ROOT, pathlib.Path(staging))
@@ -133,6 +143,28 @@ def _pin_vertex_machine_type(machine_type: str) -> None:
     vertex.get_machine_spec = machine_spec
 
 
+def submit_arguments(scheduling: dict[str, object]) -> dict[str, object]:
+    """Returns xm_job.vertex_scheduling's arguments as CustomJob.submit takes them (the strategy as its enum)."""
+    from google.cloud.aiplatform.compat.types import custom_job
+    strategy = scheduling["scheduling_strategy"]
+    return {**scheduling, "scheduling_strategy": strategy and custom_job.Scheduling.Strategy[strategy]}
+
+
+def _pin_vertex_scheduling(scheduling: dict[str, object]) -> None:
+    """Makes xm_local's Vertex backend submit its job with these scheduling arguments."""
+    import functools
+    from google.cloud import aiplatform
+    # xmanager submits the CustomJob itself with no scheduling arguments: the launcher adds them to its call.
+    submit = aiplatform.CustomJob.submit
+    extra = submit_arguments(scheduling)
+
+    @functools.wraps(submit)
+    def submit_scheduled(self, **kwargs):
+        return submit(self, **{**extra, **kwargs})
+
+    aiplatform.CustomJob.submit = submit_scheduled
+
+
 def _vertex_machine_spec(requirements) -> str:
     """Returns the machine spec xm_local's Vertex backend will submit for these requirements, as text."""
     from xmanager.cloud import vertex
@@ -163,6 +195,7 @@ def _print_plan(source, steps, requirements, args, env, overrides) -> None:
     print(f"requirements: {requirements!r}")
     if _BACKEND.value == "vertex":
         print(f"machine:      {_vertex_machine_spec(requirements)}")
+        print(f"scheduling:   {xm_job.describe_scheduling(xm_job.vertex_scheduling(_SPOT.value, _RESTART.value))}")
     print("overrides:    " + (", ".join(f"{k}={v!r}" for k, v in overrides.items()) or "(none)"))
     print(f"source:       {sum(1 for p in source.rglob('*') if p.is_file())} files staged from {REPO_ROOT}")
     print(f"base image:   {_BASE_IMAGE.value}")

@@ -36,6 +36,7 @@ from rmsweb_jax.collect.sft_view import SFTExample
 from rmsweb_jax.data.batching import assemble
 from rmsweb_jax.data.sft import encode_example, example_name
 from rmsweb_jax.errors import UserError
+from rmsweb_jax.mining.replay_journal import ReplayJournal
 from rmsweb_jax.mining.taxonomy import ROUTINE, majority_failure_mode, sample_failure_mode
 from rmsweb_jax.models.sharding import DEFAULT_RULES
 from rmsweb_jax.sampling.sampler import SamplingParams, rollout_params
@@ -124,16 +125,19 @@ class ReplayResult:
     skipped: dict[str, int]         # teacher label -> reference steps skipped
     seconds: dict[str, float]       # sampling, scoring, logprob, total
     first_batch: tuple[int, float]  # (states, seconds) of the first batch, its programs' compiles included
+    resumed: int = 0                # states a stopped run had replayed (its journal), not timed here
 
     @property
     def throughput(self) -> dict[str, float]:
         """Returns states/s, the share of the wall time spent sampling, scoring and on log-probs, and states/s after
-        the first batch (None when it was the only one)."""
+        the first batch (None when it was the only one), of the states this run replayed."""
         total = max(self.seconds["total"], 1e-9)
         first_states, first_seconds = self.first_batch
-        after = len(self.states) - first_states
+        replayed = len(self.states) - self.resumed
+        after = replayed - first_states
         return {"states": len(self.states), "samples": sum(len(s.samples) for s in self.states),
-                "states_per_s": len(self.states) / total, "seconds": round(self.seconds["total"], 3),
+                "resumed_states": self.resumed,
+                "states_per_s": replayed / total, "seconds": round(self.seconds["total"], 3),
                 **{f"{k}_share": self.seconds[k] / total for k in ("sampling", "scoring", "logprob")},
                 "first_batch_states": first_states, "first_batch_seconds": round(first_seconds, 3),
                 "states_per_s_after_first_batch": after / max(total - first_seconds, 1e-9) if after else None}
@@ -224,23 +228,34 @@ class ReferenceLogprobs:
 
 
 def replay(view, indices: Sequence[int], chat_model, builder: PromptBuilder, settings: ReplaySettings, *,
-           progress: bool = True, sample: Callable = sample_turns) -> ReplayResult:
+           progress: bool = True, sample: Callable = sample_turns, journal: ReplayJournal | None = None
+           ) -> ReplayResult:
     """Returns the replay of every example `indices` of `view` (an SFTView) whose teacher label is not in
-    settings.skip_labels: K samples each from `chat_model`, scored, classified by settings.tau."""
+    settings.skip_labels: K samples each from `chat_model`, scored, classified by settings.tau. With a journal,
+    the batches it holds are taken from it (the same as replaying them) and each new batch is added to it."""
+    done = _agreed_batches(journal.done()) if journal is not None else []
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                             top_p=settings.top_p)
     logprobs = ReferenceLogprobs(chat_model, builder) if settings.reference_logprob else None
     seconds = {"sampling": 0.0, "scoring": 0.0, "logprob": 0.0}
     skipped: dict[str, int] = {}
     states: list[ReplayedState] = []
+    resumed = sum(len(batch) for batch in done if batch is not None)
+    position = 0  # batches begun
     first_batch = (0, 0.0)
     start = time.perf_counter()
 
     def run_chunk(chunk: list[tuple[int, SFTExample]]) -> None:
-        nonlocal first_batch
+        nonlocal first_batch, position
+        position += 1
+        if position <= len(done):
+            rows = done[position - 1] or ()  # None: process 0's, not visible on this host
+            states.extend(ReplayedState(**{**row, "samples": tuple(row["samples"])}) for row in rows)
+            bar.update(len(chunk))
+            return
         t0 = time.perf_counter()
         turns = sample(chat_model, [builder.messages(ex.context()) for _, ex in chunk], settings.samples, params,
-                       settings.seed + len(states) // settings.batch_states)
+                       settings.seed + position - 1)  # a batch's seed is its position: a resumed replay is the same
         t1 = time.perf_counter()
         scored = [score_samples(texts, ex) for (_, ex), texts in zip(chunk, turns)]
         t2 = time.perf_counter()
@@ -248,7 +263,7 @@ def replay(view, indices: Sequence[int], chat_model, builder: PromptBuilder, set
         seconds["sampling"] += t1 - t0
         seconds["scoring"] += t2 - t1
         seconds["logprob"] += time.perf_counter() - t2
-        if not states:  # the first batch: from the replay's start (its examples' reading included)
+        if len(states) == resumed:  # this run's first batch: from its start (its examples' reading included)
             first_batch = (len(chunk), time.perf_counter() - start)
         for (i, ex), texts, modes, lp in zip(chunk, turns, scored, ref):
             accuracy, mode = classify(modes, settings.tau)
@@ -260,9 +275,11 @@ def replay(view, indices: Sequence[int], chat_model, builder: PromptBuilder, set
                 index=i, name=example_name(ex), task_id=ex.task_id, seed=ex.seed, accuracy=accuracy,
                 failure_mode=mode, mode_counts=counts, reference_logprob=lp, teacher_label=ex.step.label,
                 samples=tuple(text for text, _ in texts)))
+        if journal is not None:
+            journal.add(position - 1, states[-len(chunk):])
         bar.update(len(chunk))
         bar.set_postfix({"critical": f"{sum(s.critical for s in states)}/{len(states)}",
-                         "states/s": f"{len(states) / (time.perf_counter() - start):.2f}"}, refresh=False)
+                         "states/s": f"{(len(states) - resumed) / (time.perf_counter() - start):.2f}"}, refresh=False)
 
     # Examples are read as they are needed (each holds its screenshots), a chunk of batch_states at a time.
     bar = tqdm(total=len(indices), desc="mine replay", unit="state", dynamic_ncols=True, disable=not progress)
@@ -284,4 +301,14 @@ def replay(view, indices: Sequence[int], chat_model, builder: PromptBuilder, set
     finally:
         bar.close()
     seconds["total"] = time.perf_counter() - start
-    return ReplayResult(states=tuple(states), skipped=skipped, seconds=seconds, first_batch=first_batch)
+    return ReplayResult(states=tuple(states), skipped=skipped, seconds=seconds, first_batch=first_batch,
+                        resumed=resumed)
+
+
+def _agreed_batches(batches: list) -> list:
+    """Returns the journal's batches, as many as process 0 holds on every process of a pod slice (they replay the
+    same batches together; a host that cannot see the workdir's journal replays what process 0 resumes)."""
+    if jax.process_count() == 1:
+        return batches
+    count = int(multihost_utils.broadcast_one_to_all(np.int32(len(batches))))
+    return batches[:count] if len(batches) >= count else batches + [None] * (count - len(batches))

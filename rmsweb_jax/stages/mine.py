@@ -19,12 +19,15 @@ not: no mining (the table's rl_all_states ablation, at the main state set's size
 instead is about the mined set itself (in the demo it was the very same 189 states: mining kept 189 of 200, the SFT
 policy failing 80% of its replayed steps), and the ablation could not test mining.
 
-Writes <workdir>/mine/{states.arrayrecord, report.json, report.md, failure_modes.png, summary.json}.
+Writes <workdir>/mine/{states.arrayrecord, report.json, report.md, failure_modes.png, summary.json}. While it
+replays, <workdir>/mine/replay/ holds the batches done (mining/replay_journal.py): a run stopped by SIGTERM, Ctrl-C
+or a crash reruns only the batches it had not finished.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import pathlib
 
@@ -39,6 +42,7 @@ from rmsweb_jax.judges.from_config import judge_from_config
 from rmsweb_jax.mining import rollouts
 from rmsweb_jax.mining.draw import stratified_sample
 from rmsweb_jax.mining.replay import ReplayedState, ReplaySettings, replay, skips_label
+from rmsweb_jax.mining.replay_journal import ReplayJournal
 from rmsweb_jax.mining.report import compute_report, write_report
 from rmsweb_jax.mining.state_set import CriticalState, state_id, write_state_set
 from rmsweb_jax.models.from_config import host_copy_config
@@ -60,6 +64,7 @@ NON_RESULT_FIELDS = COLLECT_RUNTIME  # ... but not for a change of these alone
 
 NAME = "mine"
 STATES_FILE = "states.arrayrecord"
+JOURNAL = "replay"  # the replay so far, a batch at a time: a stopped run's rerun replays only the rest
 
 
 def replay_state(replayed: ReplayedState, example, store_dir: str) -> CriticalState:
@@ -139,6 +144,16 @@ def _checkpoint(cfg, workdir: pathlib.Path) -> str:
     return spec
 
 
+def _checkpoint_files(spec: str) -> dict:
+    """Returns {file: [bytes, modification time]} of an hf: checkpoint's folder ({} for another spec): a journal of
+    another export of the same path (sft reran while mine was stopped) is not this replay's."""
+    if not spec.startswith("hf:"):
+        return {}
+    folder = storage.user_path(spec[3:])
+    found = storage.remote_versions(folder) if storage.is_remote(folder) else storage.local_versions(folder)
+    return {name: list(version) for name, version in sorted(found.items())}
+
+
 def _rollout_states(config, workdir: pathlib.Path, chat_model, builder, store_dir: str, train_keys,
                     settings: ReplaySettings, spec: str) -> tuple[list[CriticalState], dict]:
     """Plays the policy once on each training task group and returns the divergence states and the counts.
@@ -215,7 +230,14 @@ def run(config, workdir: pathlib.Path) -> dict:
     try:
         print(f"[mine] {spec}: replaying {len(indices)} reference steps of {len(train_keys)} training task groups "
               f"(K={settings.samples}, temperature {settings.temperature:g}, tau {settings.tau:g})")
-        result = replay(view, indices, chat_model, builder, settings)
+        journal = ReplayJournal(out / JOURNAL, writer=writer, key={
+            "checkpoint": spec, "checkpoint_files": _checkpoint_files(spec), "store_dir": store_dir,
+            "settings": dataclasses.asdict(settings),
+            "steps": hashlib.blake2b(np.asarray(indices, np.int64).tobytes(), digest_size=16).hexdigest()})
+        result = replay(view, indices, chat_model, builder, settings, journal=journal)
+        if result.resumed:
+            print(f"[mine] resumed: {result.resumed} states from {out / JOURNAL} (a stopped run's), "
+                  f"{len(result.states) - result.resumed} replayed now")
         states = [replay_state(s, view[s.index], store_dir) for s in result.states]
         if cfg.rollouts:
             if jax.process_count() > 1:  # never two models at once: each host loads its own copy next
@@ -245,6 +267,7 @@ def run(config, workdir: pathlib.Path) -> dict:
                                       "teacher_noise", "throughput", "state_set", "skipped", "rollouts")}
     summary["report"] = {k: str(v) for k, v in paths.items()}
     storage.write_text_atomic(out / "summary.json", json.dumps(summary, indent=2))
+    storage.remove_tree(out / JOURNAL)  # the state set holds what it kept
     modes = ", ".join(f"{m} {n}" for m, n in report["failure_modes"].items() if n) or "none"
     rate, after = result.throughput["states_per_s"], result.throughput["states_per_s_after_first_batch"]
     print(f"[mine] {report['critical']}/{report['states']} states critical ({modes}); teacher noise "

@@ -118,6 +118,40 @@ def test_dry_run_refusals_name_the_input_at_fault(xm_venv, tmp_path, args, messa
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("args, scheduling", [
+    ([], "on-demand VMs; a restarted worker (preemption) restarts the job, which resumes from its workdir"),
+    (["--spot"], "spot VMs; a restarted worker (preemption) restarts the job, which resumes from its workdir"),
+    (["--spot", "--norestart_on_preemption"], "spot VMs; a restarted worker (preemption) ends the job"),
+])
+def test_dry_run_on_vertex_says_how_a_preemption_is_met(xm_venv, tmp_path, args, scheduling):
+    result = launch(xm_venv, *VERTEX_8B, "--accelerator=h100", "--topology=8", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"scheduling:   {scheduling}" in result.stdout
+
+
+@pytest.mark.slow
+def test_spot_is_refused_on_the_local_backend(xm_venv, tmp_path):
+    result = launch(xm_venv, "--backend=local", "--config=configs/demo.py", "--workdir=/tmp/x", "--spot",
+                    cwd=tmp_path)
+    assert result.returncode != 0 and "--spot is for --backend=vertex" in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_the_scheduling_arguments_are_ones_the_installed_vertex_client_takes(xm_venv):
+    # xmanager submits the job itself; the launcher adds these to its CustomJob.submit call, so the installed
+    # client must take them by these names, the strategy as its own enum.
+    script = ("import inspect, sys; sys.path.insert(0, sys.argv[1]); from google.cloud import aiplatform; "
+              "from launch import xm_job, xm_launch; "
+              "args = xm_launch.submit_arguments(xm_job.vertex_scheduling(spot=True, restarts=True)); "
+              "inspect.signature(aiplatform.CustomJob.submit).bind(None, **args); "
+              "print(repr(args['scheduling_strategy']), args['restart_job_on_worker_restart'])")
+    shown = subprocess.run([str(xm_venv / "python"), "-c", script, str(REPO)], capture_output=True, text=True,
+                           timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.split() == ["<Strategy.SPOT:", "4>", "True"], shown.stdout
+
+
+@pytest.mark.slow
 def test_a100_table_agrees_with_xmanagers_own_mapping(xm_venv):
     # xmanager maps A100 40GB itself: the launcher's table must name the same machines.
     script = ("import json; from xmanager import xm, xm_local; from xmanager.cloud import vertex; print(json.dumps("

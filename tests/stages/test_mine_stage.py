@@ -15,32 +15,13 @@ from rmsweb_jax.mining.state_set import StateSet
 from rmsweb_jax.mining.taxonomy import TAXONOMY
 from rmsweb_jax.stages.mine import merge_rollout_states, replay_indices, select_states, state_indices, uniform_states
 from tests.settings import store_writer
+from tests.stages import small_mine_config
 
 VIEWPORT = (200, 120)
 
 
 def _config():
-    from configs.common import base_config
-    c = base_config()
-    c.model.init = "random:demo"
-    c.model.scan_layers = False
-    c.mesh.shape = (1, 1, 1)
-    c.prompt.observation, c.prompt.system = "elements", "compact"  # text-only prompts of ~1k byte tokens
-    c.prompt.history_steps, c.prompt.history_images = 2, 0
-    c.data.batching, c.data.buckets, c.data.bucket_patches = "pack", (2048,), (0,)
-    c.data.held_out_fraction = 0.25
-    c.train.batch_size = 2
-    c.train.optimizer.total_steps = 2
-    c.train.optimizer.warmup_steps = 1
-    c.train.checkpoint.every_steps = 2
-    c.train.metrics.every_steps = 1
-    c.mine.samples = 2
-    c.mine.max_new_tokens = 8
-    c.mine.batch_states = 4
-    c.mine.max_batch = 8
-    c.mine.tau = 0.5
-    c.mine.routine_share = 0.25
-    return c
+    return small_mine_config.get_config()
 
 
 def _store(path):
@@ -216,3 +197,61 @@ def test_mine_with_rollouts_in_the_browser(tmp_path):
         assert state.replay_accuracy is not None  # taken over from the replay state of the same step
     steps = [(s.request_id, s.step) for s in states]
     assert len(steps) == len(set(steps))  # one state per reference step
+
+
+
+@pytest.mark.slow
+def test_sigterm_in_mine_keeps_the_replayed_batches_and_the_rerun_replays_only_the_rest(tmp_path):
+    """A real process gets SIGTERM once its replay journal holds a batch: status 143 and the stage's line; the
+    rerun takes the journal's batches and replays the rest, and its state set and report equal those of a run never
+    stopped (a batch's samples are drawn with the seed of its position)."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+    from tests.stages.test_stop_signals import ENV, REPO, _line
+    _store(tmp_path / "store")
+    config = _config()
+    config.stages, config.data.store_dir = ("sft",), str(tmp_path / "store")
+    run_stages(config, tmp_path / "stopped")
+    shutil.copytree(tmp_path / "stopped", tmp_path / "whole")
+    env = dict(ENV, PYTHONPATH=REPO)
+
+    def command(workdir):
+        return [sys.executable, "-m", "rmsweb_jax.main", "--config=tests/stages/small_mine_config.py:stop",
+                f"--workdir={workdir}", f"--config.data.store_dir={tmp_path / 'store'}"]
+    whole = subprocess.run(command(tmp_path / "whole"), cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    journal = tmp_path / "stopped" / "mine" / "replay"
+    proc = subprocess.Popen(command(tmp_path / "stopped"), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (journal / "batch-000000.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in err, (proc.returncode, err[-3000:])
+    assert [line for line in err.splitlines() if line.startswith("rmsweb:")] == [_line(signal.SIGTERM, "mine")]
+    assert not (tmp_path / "stopped" / "mine" / "summary.json").exists()
+    kept = len([p for p in os.listdir(journal) if p.startswith("batch-")])
+
+    rerun = subprocess.run(command(tmp_path / "stopped"), cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"[mine] resumed: {kept} states from {journal}" in rerun.stdout, rerun.stdout
+    assert not journal.exists()  # the state set holds what the run kept
+    reports = [json.loads((tmp_path / run / "mine" / "report.json").read_text()) for run in ("whole", "stopped")]
+    assert reports[0]["throughput"]["resumed_states"] == 0 and reports[1]["throughput"]["resumed_states"] == kept
+    for report in reports:
+        del report["throughput"], report["checkpoint"], report["split"], report["state_set"]["path"]  # its workdir
+    assert reports[0] == reports[1]
+    sets = []
+    for run in ("whole", "stopped"):
+        with StateSet(tmp_path / run / "mine" / "states.arrayrecord") as states:
+            sets.append([dataclasses.replace(s, reference_logprob=round(s.reference_logprob, 5)) for s in states])
+    assert sets[0] == sets[1] and len(sets[0]) > kept

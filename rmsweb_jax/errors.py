@@ -70,19 +70,21 @@ def exit_with_one_line(prog: str, err: BaseException, hint: str = "") -> None:
 
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-_FULL_TEXTS = ("No space left on device", "Disk quota exceeded")  # as tensorstore and Orbax's wrappers word them
+# as tensorstore and Orbax's wrappers word a full disk, and as a bucket's project words a quota it passed (HTTP 403,
+# reason quotaExceeded: gcsfs's OSError and tensorstore's PERMISSION_DENIED quote the message)
+_FULL_TEXTS = ("no space left on device", "disk quota exceeded", "quota exceeded", "quotaexceeded")
 
 
 def disk_full(err: BaseException) -> OSError | str | None:
-    """Returns the OSError (or the message) of a full disk or quota anywhere in `err`'s chain of causes, else None:
-    Orbax and tensorstore wrap the writer's ENOSPC in errors of their own."""
+    """Returns the OSError (or the message) of a full disk, a disk quota or a bucket's quota anywhere in `err`'s chain
+    of causes, else None: Orbax, tensorstore and gcsfs wrap the writer's error in errors of their own."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         if isinstance(err, OSError) and err.errno in _FULL_ERRNOS:
             return err
         text = str(err)
-        if any(t in text for t in _FULL_TEXTS):
+        if any(t in text.lower() for t in _FULL_TEXTS):
             return " ".join(text.split())[:300]
         err = err.__cause__ or err.__context__
     return None

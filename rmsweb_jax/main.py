@@ -232,19 +232,22 @@ def _hard_exit(status: int) -> None:
 
 
 def _full_disk_line(full: OSError | str, workdir: str) -> str:
-    """Returns the one line for a full disk: what failed where, what is free, and that the rerun resumes."""
+    """Returns the one line for a full disk (or a bucket's quota): what failed where, what is free, and that the rerun
+    resumes."""
     from rmsweb_jax import storage
     if isinstance(full, OSError):
         what = full.strerror + (f" writing {full.filename}" if full.filename else "")
     else:
         what = full
-    free = ""
-    if not storage.is_remote(workdir):
-        import shutil
-        folder = pathlib.Path(workdir).absolute()
-        while not folder.exists():
-            folder = folder.parent
-        free = f" ({shutil.disk_usage(folder).free / 2**20:,.1f} MiB free there now)"
+    if storage.is_remote(workdir):
+        import urllib.parse  # gcsfs quotes the request's URL, the object's name %-encoded
+        return (f"the bucket under workdir {workdir} refused a write: {urllib.parse.unquote(what)}; what was saved before is intact: raise "
+                "the quota or free space and rerun the same command to resume")
+    import shutil
+    folder = pathlib.Path(workdir).absolute()
+    while not folder.exists():
+        folder = folder.parent
+    free = f" ({shutil.disk_usage(folder).free / 2**20:,.1f} MiB free there now)"
     return (f"the disk under workdir {workdir} is full{free}: {what}; what was saved before is intact: free space and "
             "rerun the same command to resume")
 

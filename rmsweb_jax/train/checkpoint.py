@@ -76,8 +76,8 @@ def _quiet_orbax() -> None:
     if not any(isinstance(f, _OrbaxInfoFilter) for f in logger.filters):
         logger.addFilter(_OrbaxInfoFilter())
     # An Orbax writer whose first write failed (a full disk) closes its event loop while its other tensorstore writes
-    # are still running; each then fails to report back, and tensorstore prints that through sys.excepthook. The first
-    # failure is the one the save raises.
+    # are still running; each then fails to report back, and tensorstore prints that through sys.excepthook (or, from
+    # pybind11, sys.unraisablehook). The first failure is the one the save raises.
     if not getattr(sys.excepthook, "rmsweb_drops_closed_loops", False):
         previous = sys.excepthook
 
@@ -86,6 +86,14 @@ def _quiet_orbax() -> None:
                 previous(kind, value, traceback)
         hook.rmsweb_drops_closed_loops = True
         sys.excepthook = hook
+    if not getattr(sys.unraisablehook, "rmsweb_drops_closed_loops", False):  # the same, reported as unraisable
+        previous_unraisable = sys.unraisablehook
+
+        def unraisable_hook(unraisable):
+            if not _closed_loop(unraisable.exc_value):
+                previous_unraisable(unraisable)
+        unraisable_hook.rmsweb_drops_closed_loops = True
+        sys.unraisablehook = unraisable_hook
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,12 +246,15 @@ class Checkpointer:
     @contextlib.contextmanager
     def _writing(self, what: str):
         """Turns a full disk met by an Orbax writer (its own error types, often without a file name) into an OSError
-        naming `what` it was writing and how much a checkpoint here takes."""
+        naming `what` it was writing and how much a checkpoint here takes; a bucket's quota, into one quoting it."""
         try:
             yield
         except Exception as err:
-            if disk_full(err) is None:
+            full = disk_full(err)
+            if full is None:
                 raise
+            if storage.is_remote(self.directory):
+                raise OSError(errno.EDQUOT, f"the bucket refused {what}: {full}") from err
             size = self._checkpoint_bytes()
             needs = f" (a checkpoint here takes {size / 2**20:,.1f} MiB)" if size else ""
             raise OSError(errno.ENOSPC, f"No space left on device writing {what}{needs}") from err

@@ -29,3 +29,33 @@ def test_the_model_and_train_smoke_stages_write_a_bucket_workdir_through_the_ent
     assert any(name.startswith("train_smoke/checkpoints/2/") for name in files)
     assert json.loads(storage.as_path(f"{workdir}/train_smoke/summary.json").read_text())["steps"] == 2
     assert not (REPO / "gs:").exists()
+
+
+def test_a_bucket_quota_under_a_checkpoint_is_one_line_and_the_rerun_resumes(gcs_emulator, tmp_path):
+    """A proxy in front of the emulator refuses the step-4 checkpoint's uploads as a project past its quota does
+    (403 quotaExceeded): one line naming the bucket and the write, status 2; the rerun with the quota lifted resumes
+    from the step-2 checkpoint."""
+    from tests.quota_proxy import QuotaProxy
+    from tests.storage_emulator import emulator_env
+    run = uuid.uuid4().hex
+    workdir = f"{gcs_emulator}/{run}/quota"
+    command = [sys.executable, "-m", "rmsweb_jax.main", "--config=configs/common.py", f"--workdir={workdir}",
+               "--config.stages=train_smoke", "--config.model.init=random:tiny", "--config.mesh.shape=(1,1,1)",
+               "--config.train.batch_size=4", "--config.train.optimizer.total_steps=4",
+               "--config.train.optimizer.warmup_steps=1", "--config.train.checkpoint.every_steps=2"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    with QuotaProxy(os.environ["STORAGE_EMULATOR_HOST"], refused=f"{run}/quota/train_smoke/checkpoints/4/") as url:
+        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
+                              env=dict(env, **emulator_env(url, tmp_path / "mirrors")))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("rmsweb:")]
+    assert len(lines) == 1 and lines[0].startswith(f"rmsweb: error: the bucket under workdir {workdir} refused a "
+                                                   "write: "), proc.stderr[-3000:]
+    assert "Quota exceeded" in lines[0] and "checkpoints/4" in lines[0], lines[0]
+    assert lines[0].endswith("raise the quota or free space and rerun the same command to resume")
+    assert len(proc.stderr.splitlines()) < 60, proc.stderr  # no pages of writer threads' tracebacks
+
+    rerun = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    summary = json.loads(storage.as_path(f"{workdir}/train_smoke/summary.json").read_text())
+    assert summary["steps"] == 4 and summary["resumed_from"] == 2, summary

@@ -17,12 +17,13 @@ import hmac
 import http.server
 import json
 import time
+import urllib.parse
 import uuid
 from typing import Any
 
 from absl import logging
 
-from rmsweb_jax.sampling.chat_request import RequestError
+from rmsweb_jax.sampling.chat_request import IGNORED_HEADER, RequestError
 from rmsweb_jax.sampling.serve_metrics import PROMETHEUS_CONTENT_TYPE
 
 MiB = 1 << 20
@@ -32,8 +33,18 @@ DRAIN_LIMIT = 64 * MiB
 LISTEN_BACKLOG = 1024  # the kernel caps it at net.core.somaxconn (4096 on current Linux)
 ALLOWED_METHODS = "GET, POST"
 COMPLETION_PATHS = ("/v1/chat/completions", "/chat/completions")
+TOKEN_PATHS = ("/tokenize", "/detokenize")  # vLLM's
+ROUTES = "GET /health, /metrics, /version, /v1/models, /v1/models/{id}; POST /v1/chat/completions, /tokenize, /detokenize"
 # After a body this large, freed memory is handed back to the OS (see return_freed_memory).
 TRIM_AFTER_BYTES = MiB
+
+
+def _version() -> str:
+    from importlib import metadata
+    try:
+        return metadata.version("rmsweb_jax")
+    except metadata.PackageNotFoundError:  # run from a checkout without `pip install -e .`
+        return "unknown"
 
 
 def _malloc_trim():
@@ -86,13 +97,16 @@ class ChatHandler(http.server.BaseHTTPRequestHandler):
                 self._reply(200, {"status": "ok", "model": self.app.model_name})
             elif path == "/metrics":
                 self._send(200, self.app.metrics.text(), PROMETHEUS_CONTENT_TYPE)
+            elif path == "/version":
+                self._reply(200, {"version": _version()})
             elif path in ("/v1/models", "/models"):
                 self._authorize()
                 self._reply(200, self.app.models())
+            elif path.startswith(("/v1/models/", "/models/")):
+                self._authorize()
+                self._reply(200, self.app.model(urllib.parse.unquote(path.split("/models/", 1)[1])))
             else:
-                raise RequestError(404, f"no route GET {path}; try /health, /metrics, /v1/models, POST "
-                                   "/v1/chat/completions",
-                                   code="not_found")
+                raise RequestError(404, f"no route GET {path}; the routes: {ROUTES}", code="not_found")
         except RequestError as e:
             self._error(e)
 
@@ -100,10 +114,16 @@ class ChatHandler(http.server.BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0].rstrip("/")
         admitted, self._body_length = False, 0
         reply_id, status, answer, started = f"chatcmpl-{uuid.uuid4().hex}", 500, None, time.monotonic()
+        refused = None
         try:
+            if path in TOKEN_PATHS:
+                self._authorize()
+                body = self._read_json()
+                self._reply(200, self.app.tokenize(body) if path == "/tokenize" else self.app.detokenize(body))
+                return
             if path not in COMPLETION_PATHS:
                 self._drain()
-                raise RequestError(404, f"no route POST {path}; try /v1/chat/completions", code="not_found")
+                raise RequestError(404, f"no route POST {path}; the routes: {ROUTES}", code="not_found")
             try:
                 self._authorize()
                 admitted = self.app.admit()  # before the body is read: it bounds memory too
@@ -117,12 +137,13 @@ class ChatHandler(http.server.BaseHTTPRequestHandler):
             started = time.monotonic()  # latency: from the body read (a slow upload is the client's time)
             answer = self.app.answer(body, reply_id)
             status = 200
+            headers = {IGNORED_HEADER: ", ".join(answer.request.ignored)} if answer.request.ignored else {}
             if answer.request.stream:
-                self._stream(self.app.reply_chunks(answer))
+                self._stream(self.app.reply_chunks(answer), headers)
             else:
-                self._reply(200, self.app.reply_object(answer))
+                self._reply(200, self.app.reply_object(answer), headers)
         except RequestError as e:
-            status = e.status
+            status, refused = e.status, e
             self._error(e)
         except Exception as e:  # noqa: BLE001 — a bug here must not take the server down
             logging.exception("unexpected error serving %s", path)
@@ -130,7 +151,7 @@ class ChatHandler(http.server.BaseHTTPRequestHandler):
                                      type_="server_error"))
         finally:
             if path in COMPLETION_PATHS:
-                self.app.log_request(reply_id, status, answer, time.monotonic() - started)
+                self.app.log_request(reply_id, status, answer, time.monotonic() - started, refused)
             if admitted:
                 self.app.release()
             if self._body_length > TRIM_AFTER_BYTES:
@@ -221,7 +242,7 @@ class ChatHandler(http.server.BaseHTTPRequestHandler):
             headers["Retry-After"] = "1"
         self._reply(e.status, e.to_dict(), headers)
 
-    def _stream(self, chunks: list[dict[str, Any]]) -> None:
+    def _stream(self, chunks: list[dict[str, Any]], headers: dict[str, str] | None = None) -> None:
         """Writes `chunks` as server-sent events, then `data: [DONE]`, and closes the connection."""
         self.app._count(requests=1)
         self.close_connection = True
@@ -229,6 +250,8 @@ class ChatHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.end_headers()
         try:
             for chunk in chunks:

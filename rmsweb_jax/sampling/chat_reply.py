@@ -85,16 +85,18 @@ class ChoiceReply:
 
 
 def choice_reply(index: int, completion, stop: Sequence[str], *, parse_tools: bool, logprobs: bool,
-                 top_logprobs: Sequence[Sequence[tuple[int, float]]] | None, token_text: TokenText | None
-                 ) -> ChoiceReply:
+                 top_logprobs: Sequence[Sequence[tuple[int, float]]] | None, token_text: TokenText | None,
+                 parallel_tool_calls: bool = True) -> ChoiceReply:
     """Returns the reply of one Completion: cut at the first of `stop`, split into tool calls when
-    `parse_tools`, with log-prob entries when `logprobs` (and `top_logprobs`: per token (id, log-prob) of
-    the most likely tokens). `token_text` is needed for pieces and log-probs (None: neither)."""
+    `parse_tools` (the first only unless `parallel_tool_calls`), with log-prob entries when `logprobs` (and
+    `top_logprobs`: per token (id, log-prob) of the most likely tokens). `token_text` is needed for pieces and
+    log-probs (None: neither)."""
     ended_by_token = completion.finish_reason == "stop"
     ids = completion.token_ids[:-1] if ended_by_token else completion.token_ids
     text, finish = _apply_stop(completion.text, completion.finish_reason, stop)
     pieces = token_text.pieces(ids, completion.text) if token_text is not None else None
     content, calls = parse_tool_calls(text) if parse_tools else (text, [])
+    calls = calls if parallel_tool_calls else calls[:1]
     if calls:
         finish = "tool_calls"
     entries = None

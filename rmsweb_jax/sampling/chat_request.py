@@ -29,11 +29,16 @@ from rmsweb_jax.processing.chat import decode_image_part
 from rmsweb_jax.sampling.sampler import SamplingParams
 from rmsweb_jax.sampling.tool_calls import plain_messages
 
-ROLES = ("system", "user", "assistant", "tool")
-# Fields read below. Everything else in a body must be null or absent, or hold its no-op value (NO_OP_VALUES).
+ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system
+# Fields read below. Everything else in a body must be null or absent, hold its no-op value (NO_OP_VALUES), or be
+# one of IGNORED_FIELDS.
 IMPLEMENTED_FIELDS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
                       "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "tools",
-                      "tool_choice", "user")
+                      "tool_choice", "parallel_tool_calls", "user")
+# Fields that cannot change a reply, accepted whatever they hold and named in the reply's IGNORED_HEADER and the
+# request's log line: OpenAI's bookkeeping of stored completions.
+IGNORED_FIELDS = {"metadata": dict, "store": bool}
+IGNORED_HEADER = "X-Rmsweb-Ignored-Fields"
 # field -> (the values that change nothing, what to tell a client that sent another)
 NO_OP_VALUES = {
     "frequency_penalty": ((0,), "penalties are not applied by this server; expected 0 or null"),
@@ -41,9 +46,11 @@ NO_OP_VALUES = {
     "response_format": (({"type": "text"},), "constrained (JSON) output is not implemented; expected "
                         "{\"type\": \"text\"} or null"),
     "logit_bias": (({},), "logit biases are not applied by this server; expected {} or null"),
-    "parallel_tool_calls": ((True,), "every parsed tool call is returned; expected true or null"),
+    "repetition_penalty": ((1,), "penalties are not applied by this server; expected 1 or null"),
+    "min_p": ((0,), "min-p filtering is not implemented; expected 0 or null"),
 }
-MESSAGE_FIELDS = {"system": ("role", "content"), "user": ("role", "content"),
+MESSAGE_FIELDS = {"system": ("role", "content", "name"), "developer": ("role", "content", "name"),
+                  "user": ("role", "content", "name"),
                   "assistant": ("role", "content", "tool_calls", "refusal"),
                   "tool": ("role", "content", "tool_call_id")}
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
@@ -90,6 +97,8 @@ class ChatRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     parse_tool_calls: bool = False  # the request has tools and tool_choice "auto": replies are parsed for calls
+    parallel_tool_calls: bool = True  # false: a reply returns its first parsed call only
+    ignored: tuple[str, ...] = ()  # IGNORED_FIELDS the body held (said in a header and the log)
     tool_turns: bool = False  # tools, tool results or assistant tool calls were written into the messages
     user: str | None = None  # the client's end-user id, written in the request log
 
@@ -255,7 +264,12 @@ def _messages(value: Any, tally: _Tally) -> list[dict[str, Any]]:
         if "content" not in message and not tool_calls:
             raise RequestError(400, f"{where}.content: required field is missing", param=f"{where}.content",
                                code="missing_field")
-        checked = {"role": role, "content": _content(message.get("content"), f"{where}.content", role, tally)}
+        name = message.get("name")
+        if name is not None and not isinstance(name, str):
+            raise _invalid(f"{where}.name", f"expected a string, got {_preview(name)}", "invalid_type")
+        # the chat template knows no developer role or participant names: a developer message is a system one
+        checked = {"role": "system" if role == "developer" else role,
+                   "content": _content(message.get("content"), f"{where}.content", role, tally)}
         if tool_calls:
             checked["tool_calls"] = _tool_calls(tool_calls, f"{where}.tool_calls", tally)
         if role == "tool" and not isinstance(message.get("tool_call_id"), str):
@@ -321,6 +335,10 @@ def _refuse_unimplemented(body: dict) -> None:
     for key, value in body.items():
         if key in IMPLEMENTED_FIELDS or value is None:
             continue
+        if key in IGNORED_FIELDS:
+            if not isinstance(value, IGNORED_FIELDS[key]):
+                raise _invalid(key, f"expected {IGNORED_FIELDS[key].__name__}, got {_preview(value)}", "invalid_type")
+            continue
         if key in NO_OP_VALUES:
             no_ops, hint = NO_OP_VALUES[key]
             if any(value == v and type(value) is not bool or value is v for v in no_ops):
@@ -379,6 +397,9 @@ def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, def
         raise _invalid("tool_choice", f"expected one of {list(TOOL_CHOICES)} (forcing a call needs constrained "
                        f"decoding, which this server does not implement), got {_preview(tool_choice)}",
                        "unsupported_parameter")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _invalid("parallel_tool_calls", f"expected true or false, got {_preview(parallel)}", "invalid_type")
     tools = _tools(body["tools"], tally) if body.get("tools") is not None else None
     if tool_choice == "none":  # the model is told of no tool, and its reply is not parsed for calls
         tools = None
@@ -390,7 +411,7 @@ def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, def
         max_tokens = default_max_tokens
     elif not 1 <= max_tokens <= max_tokens_limit:
         raise _invalid(key, f"expected an integer in [1, {max_tokens_limit}], got {max_tokens}")
-    temperature = _number(body, "temperature", 0.0, 0.0, 2.0)
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)  # OpenAI's and vLLM's default
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, open_low=True)
     top_k = _integer(body, "top_k", -1, MAX_TOP_K)  # vLLM's extension; -1 there means "off", as 0 does here
     seed = _integer(body, "seed", *INT64)
@@ -410,4 +431,6 @@ def parse_chat_request(body: Any, *, model_name: str, max_tokens_limit: int, def
     return ChatRequest(messages=messages, params=params, seed=None if seed is None else seed % SEED_MODULUS,
                        stop=stop, image_sizes=tuple(tally.image_sizes), text_bytes=tally.text_bytes, n=n or 1,
                        stream=stream, include_usage=include_usage, logprobs=logprobs, top_logprobs=top_logprobs,
-                       parse_tool_calls=tools is not None, tool_turns=tool_turns, user=user)
+                       parse_tool_calls=tools is not None, parallel_tool_calls=parallel is not False,
+                       ignored=tuple(k for k in IGNORED_FIELDS if body.get(k) is not None), tool_turns=tool_turns,
+                       user=user)

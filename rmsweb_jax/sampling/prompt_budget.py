@@ -43,6 +43,15 @@ class PromptBudget:
 
     def check(self, request: ChatRequest) -> int:
         """Returns the request's prompt tokens; raises RequestError (400) when the model would refuse it."""
+        n = len(self.prompt_ids(request))
+        if n > self.max_prompt_tokens:
+            raise self._too_long(f"it is {n} tokens")
+        return n
+
+    def prompt_ids(self, request: ChatRequest) -> list[int]:
+        """Returns the request's prompt token ids as the model reads them (each image's placeholders expanded to
+        its token count); raises RequestError (400) for images past the budget or a conversation it cannot
+        encode."""
         grids = [self._grid(width, height, i) for i, (width, height) in enumerate(request.image_sizes)]
         merge = self.image_config.merge_size
         image_tokens = sum(num_image_tokens(g, merge) for g in grids)
@@ -55,10 +64,7 @@ class PromptBudget:
             except ValueError as e:
                 raise RequestError(400, f"messages: the model cannot encode this conversation: {e}", param="messages",
                                    code="invalid_prompt") from None
-            n = len(ids)
-        if n > self.max_prompt_tokens:
-            raise self._too_long(f"it is {n} tokens")
-        return n
+        return [int(i) for i in ids]
 
     def _grid(self, width: int, height: int, index: int) -> tuple[int, int, int]:
         config = self.image_config

@@ -3,9 +3,9 @@
     python -m rmsweb_jax.sampling.serve --checkpoint=hf:/ckpt/Qwen3-VL-8B-Instruct --port=8000
         --api_key=KEY --model_name=qwen3-vl-8b --dtype=bfloat16 --mesh_shape=1,4,2
 
-Endpoints: GET /health, GET /v1/models, GET /metrics (Prometheus), POST /v1/chat/completions
+Endpoints: GET /health, /version, /v1/models, /v1/models/{id}, /metrics (Prometheus); POST /v1/chat/completions
 (JSON, or server-sent events with "stream": true; log-probs, tools: `chat_reply.py`, `tool_calls.py`;
-fields it does not implement are refused: `chat_request.py`). Requests that arrive together (within
+fields it does not implement are refused: `chat_request.py`), /tokenize and /detokenize (vLLM's). Requests that arrive together (within
 `batch_window_s`, up to `max_batch`) share one `complete()` call, so many browser workers share one
 generation. `--dtype` and `--mesh_shape` (or a run's `--config`) load the parameters in that dtype, sharded
 over the mesh by the sharding rules.
@@ -21,7 +21,8 @@ decoded from copies of its cache).
 temperature + top_p) before serving, so no client waits for those compilations; it prints how long it took.
 It warms the smallest prompt-length bucket only: a prompt of another bucket (a screenshot's thousands of
 tokens) compiles on first use, as do top_k and n > 1.
-Each chat request writes one log line (id, status, tokens in / out, latency); /metrics counts the same.
+Each chat request writes one log line (id, status, tokens in / out, latency, why it was refused); /metrics counts
+the same.
 
 Every bad request gets an OpenAI-style JSON error ({"error": {"message", "type", "param", "code"}})
 with a 4xx and the server keeps serving.
@@ -358,6 +359,7 @@ class ChatServer:
             tops = (self.top_logprobs.top(request.messages, c, request.params.temperature, request.top_logprobs)
                     if request.top_logprobs else None)
             choices.append(choice_reply(index, c, request.stop, parse_tools=request.parse_tool_calls,
+                                        parallel_tool_calls=request.parallel_tool_calls,
                                         logprobs=request.logprobs, top_logprobs=tops, token_text=token_text))
         # The prompt is read once however many choices share it; every returned token counts.
         prompt_tokens = job.completions[0].prompt_tokens
@@ -389,15 +391,19 @@ class ChatServer:
             self._top_logprobs = TopLogprobs(self.chat_model)
         return self._top_logprobs
 
-    def log_request(self, reply_id: str, status: int, answer: Answer | None, latency_s: float) -> None:
-        """Writes the one log line of a chat request and counts it in `metrics`."""
+    def log_request(self, reply_id: str, status: int, answer: Answer | None, latency_s: float,
+                    refused: RequestError | None = None) -> None:
+        """Writes the one log line of a chat request (a refused one's code and message) and counts it in
+        `metrics`."""
         prompt = answer.usage["prompt_tokens"] if answer else 0
         completion = answer.usage["completion_tokens"] if answer else 0
         self.metrics.observe(status, prompt, completion, latency_s)
         user = f" user={answer.request.user}" if answer and answer.request.user else ""
         stream = " stream" if answer and answer.request.stream else ""
-        logging.info("request %s status=%d tokens_in=%d tokens_out=%d latency_s=%.3f%s%s", reply_id, status, prompt,
-                     completion, latency_s, stream, user)
+        ignored = f" ignored={','.join(answer.request.ignored)}" if answer and answer.request.ignored else ""
+        why = f" refused={refused.code}: {refused.message}" if refused is not None else ""
+        logging.info("request %s status=%d tokens_in=%d tokens_out=%d latency_s=%.3f%s%s%s%s", reply_id, status,
+                     prompt, completion, latency_s, stream, user, ignored, why[:500])
 
     def warmup(self) -> WarmupReport:
         """Returns what it ran: one generation (a short prompt, its smallest length bucket) per max_tokens
@@ -416,8 +422,46 @@ class ChatServer:
 
     def models(self) -> dict[str, Any]:
         """Returns the OpenAI model list (this server's one model)."""
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
-                                            "owned_by": "rmsweb_jax"}]}
+        return {"object": "list", "data": [self.model()]}
+
+    def model(self, model_id: str | None = None) -> dict[str, Any]:
+        """Returns the OpenAI model object of `model_id` (default: this server's); RequestError 404 for another."""
+        if model_id is not None and model_id != self.model_name:
+            raise RequestError(404, f"model {model_id!r} is not served here; this server serves {self.model_name!r}",
+                               param="model", code="model_not_found")
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "rmsweb_jax",
+                "max_model_len": self._budget.max_prompt_tokens}
+
+    def tokenize(self, body: Any) -> dict[str, Any]:
+        """Returns vLLM's /tokenize reply ({"count", "max_model_len", "tokens"}) for {"prompt": text} (tokenized as
+        is) or {"messages": [...]} (the chat template's prompt, as a completion request would read it)."""
+        if not isinstance(body, dict) or ("prompt" in body) == ("messages" in body):
+            raise RequestError(400, "request body: expected {\"prompt\": text} or {\"messages\": [...]}",
+                               code="invalid_value")
+        if body.get("model") not in (None, self.model_name):
+            self.model(body["model"])  # the 404
+        if "messages" in body:
+            parsed = parse_chat_request({"model": self.model_name, "messages": body["messages"]},
+                                        model_name=self.model_name, max_tokens_limit=self.max_tokens_limit,
+                                        default_max_tokens=1, max_image_pixels=self.max_image_pixels,
+                                        max_prompt_bytes=self.max_prompt_bytes, max_n=1)
+            tokens = self._budget.prompt_ids(parsed)
+        else:
+            prompt = body["prompt"]
+            if not isinstance(prompt, str) or len(prompt.encode("utf-8", "surrogatepass")) > self.max_prompt_bytes:
+                raise RequestError(400, f"prompt: expected a string of at most {self.max_prompt_bytes} UTF-8 bytes, "
+                                   f"got {str(prompt)[:40]!r}", param="prompt", code="invalid_value")
+            tokens = self.chat_model.tokenizer.encode(prompt, add_special_tokens=False)
+        return {"count": len(tokens), "max_model_len": self._budget.max_prompt_tokens, "tokens": list(map(int, tokens))}
+
+    def detokenize(self, body: Any) -> dict[str, Any]:
+        """Returns vLLM's /detokenize reply ({"prompt": text}) for {"tokens": [ids]}."""
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        vocab = len(self.chat_model.tokenizer)
+        if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < vocab for t in tokens):
+            raise RequestError(400, f"tokens: expected a list of token ids in [0, {vocab}), got "
+                               f"{str(tokens)[:80]}", param="tokens", code="invalid_value")
+        return {"prompt": self.chat_model.tokenizer.decode(tokens)}
 
     # --- batching -------------------------------------------------------------------------------
     def _batch_loop(self) -> None:

@@ -32,7 +32,7 @@ def request(server, method: str, path: str, body: bytes | None = None, headers: 
 
 
 def chat_body(chat_model, **overrides) -> dict:
-    body = {"model": chat_model.name, "max_tokens": 6, "messages": [
+    body = {"model": chat_model.name, "max_tokens": 6, "temperature": 0, "messages": [
         {"role": "system", "content": "You are a web agent."},
         {"role": "user", "content": [{"type": "text", "text": "Click the button."},
                                      {"type": "image_url", "image_url": {"url": png_url()}}]}]}

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import jax
@@ -52,7 +53,9 @@ def client(server):
 
 
 def create(client, model, **kw):
-    return client.chat.completions.create(model=model.name, **{"messages": MESSAGES, "max_tokens": 8, **kw})
+    """Returns the SDK's reply; greedy unless `kw` says otherwise (the server's default temperature is 1)."""
+    return client.chat.completions.create(model=model.name, **{"messages": MESSAGES, "max_tokens": 8,
+                                                               "temperature": 0, **kw})
 
 
 def metrics(server) -> dict:
@@ -206,11 +209,13 @@ REFUSED = {
     "response_format": {"response_format": {"type": "json_object"}},
     "tool_choice": {"tools": TOOLS, "tool_choice": "required"},
     "logit_bias": {"logit_bias": {"17": 5}},
-    "parallel_tool_calls": {"tools": TOOLS, "parallel_tool_calls": False},
+    "repetition_penalty": {"extra_body": {"repetition_penalty": 1.2}},
+    "min_p": {"extra_body": {"min_p": 0.1}},
+    "metadata": {"metadata": ["not", "an", "object"]},
     "top_logprobs": {"top_logprobs": 2},  # without logprobs
     "max_token": {"extra_body": {"max_token": 5}},  # a misspelt field is not silently ignored
     "tools[0].function.strict": {"tools": [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]},
-    "messages[0].name": {"messages": [{**MESSAGES[0], "name": "bob"}]},
+    "messages[0].name": {"messages": [{**MESSAGES[0], "name": 7}]},
     "messages[1].tool_call_id": {"messages": MESSAGES + [{"role": "tool", "content": "ok"}]},
     "stream_options": {"stream_options": {"include_usage": True}},  # without stream
 }
@@ -228,8 +233,79 @@ def test_a_field_the_server_does_not_implement_is_a_400_naming_it(client, model,
 def test_the_no_op_values_and_the_sdk_nulls_are_accepted(client, model):
     reply = create(client, model, frequency_penalty=0, presence_penalty=0, response_format={"type": "text"},
                    parallel_tool_calls=True, tools=TOOLS, tool_choice="auto", logit_bias={}, user="u-1",
-                   extra_body={"top_k": None, "stop": None})
+                   extra_body={"top_k": None, "stop": None, "repetition_penalty": 1, "min_p": 0})
     assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_a_request_without_temperature_samples_at_1_as_openai_and_vllm_do(client, model):
+    default = create(client, model, temperature=openai.NOT_GIVEN, n=3, seed=5, max_tokens=12)
+    hot = create(client, model, temperature=1.0, n=3, seed=5, max_tokens=12)
+    assert [c.message.content for c in default.choices] == [c.message.content for c in hot.choices]
+    assert len({c.message.content for c in default.choices}) > 1  # three samples, not one greedy answer thrice
+
+
+def test_developer_messages_and_names_are_read_as_the_template_reads_system_ones(client, model):
+    system = create(client, model, messages=[{"role": "system", "content": "Be brief."}, *MESSAGES], temperature=0)
+    developer = create(client, model, temperature=0, messages=[
+        {"role": "developer", "content": "Be brief.", "name": "harness"}, {**MESSAGES[0], "name": "alice"}])
+    assert developer.choices[0].message.content == system.choices[0].message.content
+    assert developer.usage.prompt_tokens == system.usage.prompt_tokens
+
+
+def test_bookkeeping_fields_are_accepted_and_named_in_a_header(client, model):
+    raw = client.chat.completions.with_raw_response.create(model=model.name, messages=MESSAGES, max_tokens=4,
+                                                           metadata={"run": "7"}, store=True)
+    assert raw.headers["x-rmsweb-ignored-fields"] == "metadata, store"
+    assert raw.parse().choices[0].finish_reason in ("stop", "length")
+    plain = client.chat.completions.with_raw_response.create(model=model.name, messages=MESSAGES, max_tokens=4)
+    assert "x-rmsweb-ignored-fields" not in plain.headers
+
+
+def test_parallel_tool_calls_false_returns_the_first_call_only(model):
+    text = "Clicking both.\n" + HERMES + "\n" + HERMES.replace("7", "8")
+    ids = tuple(model.tokenizer(text, add_special_tokens=False)["input_ids"]) + (model.stop_token_ids[0],)
+    completion = Completion(text=text, prompt_tokens=5, completion_tokens=len(ids), finish_reason="stop",
+                            token_ids=ids, logprobs=tuple(-0.5 for _ in ids))
+    both, first = (choice_reply(0, completion, (), parse_tools=True, logprobs=False, top_logprobs=None,
+                                token_text=None, parallel_tool_calls=parallel) for parallel in (True, False))
+    assert [json.loads(c["function"]["arguments"]) for c in both.tool_calls] == [{"id": 7}, {"id": 8}]
+    assert [json.loads(c["function"]["arguments"]) for c in first.tool_calls] == [{"id": 7}]
+    assert first.finish_reason == "tool_calls"
+
+
+def test_version_and_one_model_are_served(client, server, model):
+    with urllib.request.urlopen(f"{server.url}/version", timeout=30) as reply:
+        assert json.loads(reply.read())["version"]
+    got = client.models.retrieve(model.name)
+    assert got.id == model.name and got.owned_by == "rmsweb_jax"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4o")
+    assert "gpt-4o" in missing.value.body["message"] and model.name in missing.value.body["message"]
+
+
+def _post(server, path, body):
+    request = urllib.request.Request(f"{server.url}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_tokenize_counts_what_a_request_reads_and_detokenize_inverts_it(client, server, model):
+    status, text = _post(server, "/tokenize", {"prompt": "Click the button."})
+    assert status == 200 and text["tokens"] == model.tokenizer.encode("Click the button.", add_special_tokens=False)
+    assert text["count"] == len(text["tokens"]) and text["max_model_len"] > 0
+    assert _post(server, "/detokenize", {"tokens": text["tokens"]}) == (200, {"prompt": "Click the button."})
+    status, chat = _post(server, "/tokenize", {"model": model.name, "messages": MESSAGES})
+    assert status == 200 and chat["count"] == create(client, model, max_tokens=1).usage.prompt_tokens
+    for path, body, param in (("/tokenize", {"prompt": "a", "messages": MESSAGES}, None),
+                              ("/tokenize", {"prompt": 5}, "prompt"),
+                              ("/detokenize", {"tokens": [-1]}, "tokens"),
+                              ("/tokenize", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role")):
+        status, error = _post(server, path, body)
+        assert status == 400 and error["error"]["param"] == param, (path, body, error)
 
 
 # --- operations ---------------------------------------------------------------------------------
@@ -268,6 +344,18 @@ def test_each_request_writes_one_log_line(client, model, caplog):
     assert lines == [f"request {reply.id} status=200 tokens_in={reply.usage.prompt_tokens} "
                      f"tokens_out={reply.usage.completion_tokens} latency_s={lines[0].split('latency_s=')[1]}"]
     assert lines[0].endswith(" user=agent-3") and float(lines[0].split("latency_s=")[1].split()[0]) > 0
+
+
+def test_a_refused_requests_log_line_says_why(client, model, caplog):
+    caplog.set_level(logging.INFO, logger="absl")
+    with pytest.raises(openai.BadRequestError) as refused:
+        create(client, model, frequency_penalty=1.0)
+    deadline, lines = time.monotonic() + 10, []
+    while not lines and time.monotonic() < deadline:
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request ")
+                 and "status=400" in r.getMessage()]
+        time.sleep(0.01)
+    assert lines and lines[0].endswith(f" refused=unsupported_parameter: {refused.value.body['message']}"), lines
 
 
 @pytest.mark.slow  # three compilations when run alone (~30 s on 2 cores); one after this module's other tests

@@ -182,7 +182,8 @@ def test_a_mesh_of_8_devices_serves_the_one_device_text(model, tmp_path):
         remote = types.SimpleNamespace(port=int(match.group(1)))  # what server_http's helpers read
         assert request(remote, "GET", "/v1/models", key=None)[1]["data"][0]["id"] == "tiny-mesh"
         for conversation, expected in zip(conversations, want):
-            status, reply = post_chat(remote, {"model": "tiny-mesh", "messages": conversation, "max_tokens": 12},
+            status, reply = post_chat(remote, {"model": "tiny-mesh", "messages": conversation, "max_tokens": 12,
+                                               "temperature": 0},
                                       key=None)
             assert status == 200, reply
             assert reply["choices"][0]["message"]["content"] == expected.text

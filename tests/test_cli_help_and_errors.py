@@ -88,6 +88,15 @@ def test_help_exits_0(module):
         assert "--chip" in proc.stdout + proc.stderr
 
 
+def test_the_servers_flags_load_without_jax():
+    # serve --help took 6-7 s importing JAX and the model before parsing; the flags and the request checks need
+    # neither (ChatServer imports them when it is made)
+    proc = subprocess.run([sys.executable, "-c", "import sys, rmsweb_jax.sampling.serve; "
+                           "print(sorted(m for m in ('jax', 'flax', 'transformers') if m in sys.modules))"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", (proc.stdout, proc.stderr[-2000:])
+
+
 def test_stages_help_describes_every_stage_from_its_declarations():
     proc = _run("rmsweb_jax.main", "--config=configs/demo.py", "--config.stages=help")  # no --workdir needed
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -26,7 +26,7 @@ from typing import Any
 from PIL import Image
 
 from rmsweb_jax.processing.chat import decode_image_part
-from rmsweb_jax.sampling.sampler import SamplingParams
+from rmsweb_jax.sampling.params import SamplingParams
 from rmsweb_jax.sampling.tool_calls import plain_messages
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system

@@ -11,7 +11,6 @@ Every sampled token comes with its log-probability under the temperature-scaled 
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -28,35 +27,10 @@ from rmsweb_jax.models.qwen3_vl import decode
 from rmsweb_jax.models.qwen3_vl.model import ModelInputs, Qwen3VL, abstract_model, prepare_inputs, state_shardings
 from rmsweb_jax.models.qwen3_vl.text import KVCache
 from rmsweb_jax.models.qwen3_vl.layers import DTYPES
+from rmsweb_jax.sampling.params import SamplingParams  # noqa: F401 — re-exported beside the sampler that reads it
 
 DECODE_LOOP_SCOPE = "decode_loop"
 DEFAULT_LENGTH_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """Decoding settings. temperature 0 means greedy; top_k 0 and top_p 1 disable truncation.
-    suppress_token_ids are never drawn (transformers' `suppress_tokens`): the draw, greedy included, and its
-    log-prob are over the other tokens; Salvage-DS and mining's replay suppress the vision placeholders
-    (never_sampled)."""
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-    suppress_token_ids: tuple[int, ...] = ()
-
-    def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if any(int(t) < 0 for t in self.suppress_token_ids):
-            raise ValueError(f"suppress_token_ids must be token ids >= 0, got {self.suppress_token_ids}")
 
 
 class SampleOutput(NamedTuple):

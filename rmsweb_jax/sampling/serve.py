@@ -53,17 +53,13 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from rmsweb_jax.errors import UserError, run_absl_command
-from rmsweb_jax.models.from_config import mesh_from_config
-from rmsweb_jax.sampling.chat_model import ChatModel, batch_buckets, loading_config
 from rmsweb_jax.sampling.chat_http import MiB, ChatHTTPServer
 from rmsweb_jax.sampling.chat_reply import ChoiceReply, TokenText, choice_reply, chunk_objects, completion_object
 from rmsweb_jax.sampling.chat_request import (DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_N, DEFAULT_MAX_PROMPT_BYTES,
                                               ChatRequest, RequestError, parse_chat_request)
-from rmsweb_jax.sampling.prompt_budget import PromptBudget
-from rmsweb_jax.sampling.sampler import SamplingParams
+from rmsweb_jax.sampling.params import SamplingParams
 from rmsweb_jax.sampling.serve_metrics import ServeMetrics, compile_count
 from rmsweb_jax.sampling.tool_calls import renders_like_template
-from rmsweb_jax.sampling.top_logprobs import TopLogprobs
 
 DEFAULT_MAX_PENDING = 64  # requests in progress at once (bodies being read, queued, generating)
 SMALLEST_MAX_TOKENS_BUCKET = 16  # below it a program per size saves at most 15 decode steps
@@ -218,6 +214,7 @@ class ChatServer:
         self.max_image_pixels, self.max_prompt_bytes = int(s.max_image_pixels), int(s.max_prompt_bytes)
         self.max_pending = int(s.max_pending)
         self._pending = threading.BoundedSemaphore(self.max_pending)
+        from rmsweb_jax.sampling.prompt_budget import PromptBudget  # imports JAX: not at the top, so serve --help loads without it
         self._budget = PromptBudget(chat_model)
         self.created = int(time.time())
         self._jobs: queue.Queue = queue.Queue()
@@ -231,7 +228,7 @@ class ChatServer:
         self.metrics = ServeMetrics(queue_depth=self._jobs.qsize, in_progress=lambda: self._in_progress)
         self.tool_template_error = renders_like_template(chat_model.tokenizer)
         self._token_text: TokenText | None = None
-        self._top_logprobs: TopLogprobs | None = None
+        self._top_logprobs = None  # a TopLogprobs, made on first use
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "ChatServer":
@@ -385,9 +382,10 @@ class ChatServer:
         return self._token_text
 
     @property
-    def top_logprobs(self) -> TopLogprobs:
+    def top_logprobs(self) -> "TopLogprobs":
         """Returns the scorer of the most likely tokens at each step (made on first use)."""
         if self._top_logprobs is None:
+            from rmsweb_jax.sampling.top_logprobs import TopLogprobs
             self._top_logprobs = TopLogprobs(self.chat_model)
         return self._top_logprobs
 
@@ -412,6 +410,7 @@ class ChatServer:
         start, compiles_before = time.perf_counter(), compile_count()
         largest = min(self.max_batch, int(getattr(self.chat_model, "max_batch", self.max_batch)))
         runs = 0
+        from rmsweb_jax.sampling.chat_model import batch_buckets
         for bucket in self.max_tokens_buckets:
             for size in batch_buckets(largest):  # the batch sizes ChatModel pads to
                 for mode in WARMUP_MODES.values():
@@ -544,6 +543,8 @@ def serving_config(spec: str, config, dtype: str, mesh_shape: str):
     and sharding rules; None: float32 on one device), with `dtype` ("float32" | "bfloat16") as the
     parameter and compute dtype and `mesh_shape` ("data,fsdp,tensor", -1 = the remaining devices) as
     the mesh, each when not "". Raises UserError naming the flag."""
+    from rmsweb_jax.models.from_config import mesh_from_config
+    from rmsweb_jax.sampling.chat_model import loading_config
     cfg = loading_config(spec, config)
     if dtype:
         if dtype not in SERVE_DTYPES:
@@ -583,6 +584,7 @@ def main(argv) -> None:
         except ValueError as err:  # each field is the flag of its name (max_body_bytes: --max_body_mib)
             raise UserError(f"a serve flag is out of range: {err}") from None
         # The model id clients send: the checkpoint's own name (folder@hash of its weights) unless given.
+        from rmsweb_jax.sampling.chat_model import ChatModel
         model = ChatModel.load(given.checkpoint, workdir, config=config,
                                **({"name": given.model_name} if given.model_name else {}))
         server = ChatServer(model, settings)

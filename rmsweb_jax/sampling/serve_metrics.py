@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-import jax
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
@@ -32,6 +31,7 @@ class _CompileCounter:
     def start(self) -> None:
         with self._lock:
             if not self._started:
+                import jax  # here: the server's flags and --help load without JAX
                 jax.monitoring.register_event_duration_secs_listener(self._on_event)
                 self._started = True
 

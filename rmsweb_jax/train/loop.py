@@ -337,10 +337,12 @@ class Trainer:
         """Waits for pending checkpoint writes and closes the metric sinks (and a trace still recording)."""
         self._end_stepping()
         self.profiler.stop(self.step_count)
-        self.checkpoints.close()
-        self.writer.close()
-        if self.wandb is not None:
-            self.wandb.close()
+        try:
+            self.checkpoints.close()
+        finally:  # a last save that failed (a full disk) still ends the progress bar's line before main's one line
+            self.writer.close()
+            if self.wandb is not None:
+                self.wandb.close()
 
     def _end_stepping(self) -> None:
         if getattr(self, "_stepping", False):

@@ -13,7 +13,10 @@ memorising:
   them), so a name is rarely seen twice;
 - a page holds near-duplicates ("Submit" beside "Submit order") and one name under two roles ("link" and "button"
   "Details"), so the role and the whole name must be read;
-- instructions are worded several ways, and "type" rows type a word drawn from the same large pool.
+- instructions are worded several ways, and "type" rows type a word drawn from the same large pool;
+- the thought repeats the instructed element's line, its printed point included (I click the button "Save" at
+  [412, 87].), so the call copies the point from the thought and the thought copies it from the list: a lookup
+  by the words just written (an induction copy), not one across the turn.
 
 Everything is a function of (seed, index): the same page on every machine, process and run. Seeds at or above
 1,000,000 are the base's (data/grounding.py and the demo use MiniWoB++ seeds far below); a held-out set is another
@@ -187,14 +190,17 @@ class SyntheticGroundingRows:
         for row in rows:
             rng = np.random.default_rng([self.pages.seed, p, row.element_id, row.kind == "type"])
             description = element_description(by_id[row.element_id], self.config)
+            # the thought repeats the element's line, point included: the call then copies it from just above
+            x, y = row.action.coordinate
             if row.kind == "click":
                 instruction = CLICK_WORDINGS[rng.integers(len(CLICK_WORDINGS))].format(d=description)
-                out.append(dataclasses.replace(row, instruction=instruction))
+                out.append(dataclasses.replace(row, instruction=instruction,
+                                               thought=f"I click the {description} at [{x}, {y}]."))
             else:
                 word = json.dumps(self.pages.typed_word(p, row.element_id))
                 instruction = TYPE_WORDINGS[rng.integers(len(TYPE_WORDINGS))].format(w=word, d=description)
                 out.append(dataclasses.replace(
-                    row, instruction=instruction, thought=f"I type {word} into the {description}.",
+                    row, instruction=instruction, thought=f"I type {word} into the {description} at [{x}, {y}].",
                     action=dataclasses.replace(row.action, text=json.loads(word))))
         if len(out) != self._size(p):
             raise AssertionError(f"synthetic page {p} of seed {self.pages.seed}: {len(out)} rows, its roles say "

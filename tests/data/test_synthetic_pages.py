@@ -66,8 +66,12 @@ def test_printed_points_cover_the_grid_and_rows_target_them(rows, every_row, pro
     listed = PromptBuilder(prompt).messages(row.context())[-1]["content"]
     text = "".join(part["text"] for part in listed if part.get("type") == "text")
     x, y = row.action.coordinate
-    assert f"{element_description(next(e for e in row.observation.elements if e.id == row.element_id), prompt)} " \
-           f"at [{x}, {y}]" in text  # the call copies the point printed beside the instructed element
+    line = f"{element_description(next(e for e in row.observation.elements if e.id == row.element_id), prompt)} " \
+           f"at [{x}, {y}]"
+    assert line in text  # the point printed beside the instructed element
+    for r in every_row[:200]:  # the thought repeats that line, so the call copies the point from just above
+        described = element_description(next(e for e in r.observation.elements if e.id == r.element_id), prompt)
+        assert r.thought.endswith(f" the {described} at [{r.action.coordinate[0]}, {r.action.coordinate[1]}].")
 
 
 def test_type_rows_type_the_instructed_word_from_a_large_pool(every_row):

@@ -70,9 +70,10 @@ def exit_with_one_line(prog: str, err: BaseException, hint: str = "") -> None:
 
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-# as tensorstore and Orbax's wrappers word a full disk, and as a bucket's project words a quota it passed (HTTP 403,
-# reason quotaExceeded: gcsfs's OSError and tensorstore's PERMISSION_DENIED quote the message)
-_FULL_TEXTS = ("no space left on device", "disk quota exceeded", "quota exceeded", "quotaexceeded")
+_FULL_TEXTS = ("no space left on device", "disk quota exceeded")  # as tensorstore and Orbax's wrappers word them
+# A bucket's project past a quota (HTTP 403, reason quotaExceeded), as gcsfs's OSError and tensorstore's
+# PERMISSION_DENIED quote it; only from a write to GCS, not another service's quota (a judge's API)
+_QUOTA_TEXTS, _GCS_TEXTS = ("quota exceeded", "quotaexceeded"), ("gs://", "/storage/v1/b/")
 
 
 def disk_full(err: BaseException) -> OSError | str | None:
@@ -84,7 +85,9 @@ def disk_full(err: BaseException) -> OSError | str | None:
         if isinstance(err, OSError) and err.errno in _FULL_ERRNOS:
             return err
         text = str(err)
-        if any(t in text.lower() for t in _FULL_TEXTS):
+        lower = text.lower()
+        if any(t in lower for t in _FULL_TEXTS) or (any(t in lower for t in _QUOTA_TEXTS)
+                                                     and any(t in text for t in _GCS_TEXTS)):
             return " ".join(text.split())[:300]
         err = err.__cause__ or err.__context__
     return None

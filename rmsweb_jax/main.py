@@ -241,8 +241,8 @@ def _full_disk_line(full: OSError | str, workdir: str) -> str:
         what = full
     if storage.is_remote(workdir):
         import urllib.parse  # gcsfs quotes the request's URL, the object's name %-encoded
-        return (f"the bucket under workdir {workdir} refused a write: {urllib.parse.unquote(what)}; what was saved before is intact: raise "
-                "the quota or free space and rerun the same command to resume")
+        return (f"the bucket under workdir {workdir} refused a write: {urllib.parse.unquote(what)}; what was saved "
+                "before is intact: raise the quota or free space and rerun the same command to resume")
     import shutil
     folder = pathlib.Path(workdir).absolute()
     while not folder.exists():

@@ -128,3 +128,8 @@ def test_a_full_disk_is_found_under_the_errors_that_wrap_it():
         assert disk_full(wrapped) is full
     assert disk_full(ValueError("Error writing local file: No space left on device [OS error: 28]")).startswith("Error")
     assert disk_full(OSError(errno.EACCES, "Permission denied")) is None and disk_full(RuntimeError("x")) is None
+    # a bucket's quota, as tensorstore quotes it; another service's quota (a judge's API) is not a full disk
+    bucket = ValueError("PERMISSION_DENIED: Error writing gs://b/run/sft/checkpoints/4/d: Quota exceeded for quota "
+                        "metric 'storage bytes'")
+    assert disk_full(bucket).startswith("PERMISSION_DENIED: Error writing gs://b/run/sft/checkpoints/4/d")
+    assert disk_full(RuntimeError("judge http://judge:8000/v1: 429 Quota exceeded for this API key")) is None
